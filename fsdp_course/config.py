@@ -1,0 +1,69 @@
+"""One dataclass per script, turned into argparse flags by one small helper.
+
+    @dataclass
+    class Config:
+        steps: int = field(default=20, metadata={"help": "optimizer steps"})
+        strategy: str = field(default="FULL_SHARD", metadata={"choices": STRATEGIES})
+
+    cfg = parse_config(Config, __doc__)
+
+Field ``my_flag`` becomes ``--my-flag``; a bool becomes ``--my-flag / --no-my-flag``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import typing
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def _field_type(cls, field: dataclasses.Field):
+    hints = typing.get_type_hints(cls)
+    return hints.get(field.name, type(field.default))
+
+
+def build_parser(cls, doc: str | None = None) -> argparse.ArgumentParser:
+    prog = sys.argv[0].rsplit("/", 1)[-1] if sys.argv and sys.argv[0] else None
+    parser = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=_Formatter)
+    for field in dataclasses.fields(cls):
+        flag = "--" + field.name.replace("_", "-")
+        kind = _field_type(cls, field)
+        help_text = field.metadata.get("help", " ")
+        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+                                help=help_text)
+            continue
+        origin = typing.get_origin(kind)
+        if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+            # "str | None" and friends: the first non-None type parses the flag.
+            kind = next(arg for arg in typing.get_args(kind) if arg is not type(None))
+        parser.add_argument(flag, type=kind, default=default, help=help_text,
+                            choices=field.metadata.get("choices"),
+                            metavar=field.metadata.get("metavar"))
+    return parser
+
+
+def parse_config(cls, doc: str | None = None, argv: list[str] | None = None):
+    """Parse ``argv`` (default ``sys.argv[1:]``) into an instance of dataclass ``cls``.
+
+    Bad flags exit 2 with argparse's one-line message; ``--help`` prints every flag with its
+    default and the script's docstring (which gives the launch command).
+    """
+    parser = build_parser(cls, doc)
+    if os.environ.get("RANK", "0") != "0":
+        # Under torchrun every rank parses the same flags: let rank 0 alone print help or errors.
+        parser._print_message = lambda message, file=None: None
+    args = parser.parse_args(argv)
+    return cls(**vars(args))
+
+
+def describe(cfg) -> str:
+    """The config on one line, echoed once by rank 0."""
+    return " ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items())

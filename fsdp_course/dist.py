@@ -1,0 +1,171 @@
+"""Process-group setup and teardown, shared by every lesson script.
+
+    with distributed(seed=cfg.seed) as env:
+        ...  # env.rank, env.world_size, env.device, env.backend
+
+- Started without torchrun: one line that says how to launch, exit code 2.
+- Device and backend from what is there: CUDA + NCCL, else CPU + gloo (``COURSE_DEVICE=cpu``
+  forces CPU on a GPU machine).
+- Collectives time out after ``COURSE_TIMEOUT_S`` seconds (default 120), so a stuck rank fails
+  in bounded time with a message instead of hanging for the default 30 minutes.
+- The same seed on every rank, so every rank builds the same initial model.
+- Teardown that cannot abort at interpreter exit (see ``shared/CPU_NOTES.md``, trap 1):
+  barrier -> gc -> destroy_process_group -> flush -> ``os._exit``.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import sys
+import traceback
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+class CourseError(Exception):
+    """An expected failure (bad input, wrong checkpoint): reported as one line, no traceback."""
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.rank == 0
+
+    def print0(self, *args, **kwargs) -> None:
+        """Print on rank 0 only: the other ranks stay quiet unless something is wrong."""
+        if self.is_rank0:
+            print(*args, **kwargs, flush=True)
+
+
+def launcher_hint(script: str) -> str:
+    """The command that runs ``script`` properly, e.g. ``bash launch/lesson1.sh``."""
+    match = re.search(r"lessons/(\d+)_[^/]+/", str(Path(script).resolve()))
+    if match:
+        return f"bash launch/lesson{int(match.group(1))}.sh"
+    return f"torchrun --standalone --nproc-per-node=2 {script}"
+
+
+def require_torchrun(script: str | None = None) -> None:
+    """Exit 2 with one line unless this process was started by torchrun."""
+    missing = [name for name in TORCHRUN_VARS if name not in os.environ]
+    if missing:
+        script = script or sys.argv[0]
+        print(
+            f"{Path(script).name}: this script runs as several processes started by torchrun, "
+            f"which sets {', '.join(missing)}; run: {launcher_hint(script)}  "
+            f"(or: torchrun --standalone --nproc-per-node=2 {script})",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+
+
+def pick_device(local_rank: int) -> tuple[torch.device, str]:
+    """CUDA + NCCL when this process can see a GPU for its local rank, else CPU + gloo."""
+    want_cpu = os.environ.get("COURSE_DEVICE", "").lower() == "cpu"
+    if not want_cpu and torch.cuda.is_available() and local_rank < torch.cuda.device_count():
+        return torch.device("cuda", local_rank), "nccl"
+    return torch.device("cpu"), "gloo"
+
+
+def timeout_seconds() -> float:
+    raw = os.environ.get("COURSE_TIMEOUT_S", "120")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1
+    if value <= 0:
+        print(f"COURSE_TIMEOUT_S must be a positive number of seconds, got {raw!r}", file=sys.stderr)
+        sys.exit(2)
+    return value
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def _exit(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+@contextmanager
+def distributed(seed: int = 0):
+    """Join the process group torchrun prepared; always leave it cleanly (see module doc)."""
+    require_torchrun()
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    device, backend = pick_device(local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    timeout = timeout_seconds()
+    # device_id binds NCCL to this GPU eagerly; gloo on CPU needs none.
+    dist.init_process_group(
+        backend=backend,
+        timeout=timedelta(seconds=timeout),
+        device_id=device if device.type == "cuda" else None,
+    )
+    torch.manual_seed(seed)
+    if rank != 0:
+        # N copies of the same warning teach nothing: rank 0 shows each one once.
+        warnings.simplefilter("ignore")
+    env = DistEnv(rank, local_rank, world_size, device, backend)
+    try:
+        yield env
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        if exc.code not in (None, 0) and not isinstance(exc.code, int) and env.is_rank0:
+            print(exc.code, file=sys.stderr)
+        _exit(code)
+    except KeyboardInterrupt:
+        _exit(130)
+    except CourseError as exc:
+        # Raised on every rank alike (same input), so rank 0 speaks for all of them.
+        if env.is_rank0:
+            print(f"error: {exc}", file=sys.stderr)
+        _exit(2)
+    except BaseException as exc:  # noqa: BLE001 - one readable line instead of N tracebacks
+        message = _one_line(exc)
+        if "timed out" in message.lower() or "timeout" in message.lower():
+            message += (f"  (a rank waited more than COURSE_TIMEOUT_S={timeout:g} s for a collective"
+                        " that another rank never joined)")
+        print(f"[rank {rank}] error: {message}", file=sys.stderr)
+        if os.environ.get("COURSE_DEBUG"):
+            traceback.print_exc()
+        else:
+            print(f"[rank {rank}] (set COURSE_DEBUG=1 for the full traceback)", file=sys.stderr)
+        _exit(1)
+    # Success: leave together. Without os._exit, gloo worker threads can drop the last tensor
+    # reference during interpreter shutdown and abort a run that had finished.
+    dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()
+    _exit(0)
+
+
+def mean_over_ranks(value: torch.Tensor) -> float:
+    """The mean of a scalar over all ranks (the loss of the global batch). SUM then divide:
+    gloo has no AVG reduction."""
+    value = value.detach().clone()
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value.item() / dist.get_world_size()
