@@ -1,0 +1,184 @@
+"""Gradient accumulation with FSDP (lesson 3): what ``no_sync`` saves, what it costs, and how to
+check that K micro-batches give the gradient of one big batch.
+
+Sizes are in bytes; ``P`` is the parameter count, ``N`` the world size, ``K`` the micro-batches
+per optimizer step. With FULL_SHARD (classic FSDP or FSDP2), per optimizer step:
+
+    all-gather payload      ~ K * 2 * 4P      every micro-batch gathers the parameters for its
+                                              forward and again for its backward: no_sync does
+                                              not change this
+    reduce-scatter payload    K * 4P_pad      syncing every micro-batch
+                              1 * 4P_pad      with no_sync() / set_requires_gradient_sync(False)
+                                              on all but the last micro-batch
+    saved by no_sync          (K - 1) * 4P_pad; each rank sends (N - 1)/N of it (ring)
+    gradients held between    4P  (unsharded)  with no_sync: every rank keeps the whole gradient
+    micro-batches, per rank   4P_pad / N       syncing every micro-batch: its shard only
+    cost of no_sync           4P - 4P_pad / N  ~ 4P (N - 1) / N, the same whatever K is
+
+``P_pad`` is ``P`` padded as the API shards it: classic FSDP pads each unit's flat parameter
+to a multiple of N; FSDP2 pads each parameter's first dimension to a multiple of N.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from fsdp_course.measure import nbytes
+
+
+# --- theory ------------------------------------------------------------------------------------
+
+def fsdp1_padded_numel(unit_numels: list[int], world_size: int) -> int:
+    """Classic FSDP: ``sum over units of N * ceil(n_unit / N)`` (the all-gathered flat size)."""
+    return sum(world_size * math.ceil(n / world_size) for n in unit_numels)
+
+
+def fsdp2_padded_numel(model: nn.Module, world_size: int) -> int:
+    """FSDP2 (``Shard(0)`` per parameter): ``sum over parameters of N * ceil(d0 / N) * rest``,
+    where ``d0`` is the parameter's first dimension. Call on the unwrapped model."""
+    total = 0
+    for p in model.parameters():
+        rest = p.numel() // p.shape[0] if p.dim() else 1
+        rows = p.shape[0] if p.dim() else 1
+        total += world_size * math.ceil(rows / world_size) * rest
+    return total
+
+
+def reduce_bytes_per_step(padded_numel: int, accum: int, no_sync: bool,
+                          grad_bytes: int = 4) -> int:
+    """Reduce-scatter payload per optimizer step: ``grad_bytes * P_pad * (1 if no_sync else K)``."""
+    return grad_bytes * padded_numel * (1 if no_sync else accum)
+
+
+def reduce_bytes_saved(num_params: int, accum: int, world_size: int,
+                       grad_bytes: int = 4) -> dict:
+    """What ``no_sync`` saves per optimizer step (padding ignored):
+
+        payload = (K - 1) * grad_bytes * P
+        sent    = payload * (N - 1) / N     bytes each rank sends less (ring reduce-scatter)
+    """
+    payload = (accum - 1) * grad_bytes * num_params
+    return {"payload": payload, "sent_per_rank": payload * (world_size - 1) / world_size}
+
+
+def held_grad_bytes_theory(num_params: int, padded_numel: int, world_size: int,
+                           no_sync: bool, grad_bytes: int = 4) -> int:
+    """Gradient bytes one rank holds between micro-batches (K >= 2):
+
+        no_sync:      grad_bytes * P               the unsharded gradient, kept until the last
+                                                   micro-batch reduce-scatters it
+        sync always:  grad_bytes * P_pad / N       the rank's shard, accumulated in place
+    """
+    if no_sync:
+        return grad_bytes * num_params
+    return grad_bytes * padded_numel // world_size
+
+
+# --- measurement -------------------------------------------------------------------------------
+
+def _fsdp2_params(model: nn.Module):
+    """FSDP2's per-parameter records (``FSDPParam``), one per original parameter."""
+    for module in model.modules():
+        get_state = getattr(module, "_get_fsdp_state", None)
+        if get_state is None:
+            continue
+        group = get_state()._fsdp_param_group
+        if group is not None:
+            yield from group.fsdp_params
+
+
+def held_grad_bytes(model: nn.Module) -> dict:
+    """Bytes of gradients this rank holds right now, counted from the tensors:
+    ``{"sharded": ..., "unsharded": ...}``.
+
+    Classic FSDP keeps a unit's gradient in its flat parameter's ``.grad``: the shard's size
+    after a reduce-scatter, the full unsharded size while ``no_sync()`` skips it. FSDP2 keeps
+    sharded gradients on the DTensor parameters and, while gradient sync is off, unsharded
+    ones on its private unsharded parameters.
+    """
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    sharded = unsharded = 0
+    for module in FSDP.fsdp_modules(model):
+        handle = module._handle
+        if handle is None or handle.flat_param.grad is None:
+            continue
+        flat_param = handle.flat_param
+        if flat_param.grad.numel() == flat_param.numel():
+            sharded += nbytes(flat_param.grad)
+        else:
+            unsharded += nbytes(flat_param.grad)
+    for fsdp_param in _fsdp2_params(model):
+        for grad in (getattr(getattr(fsdp_param, "_unsharded_param", None), "grad", None),
+                     fsdp_param.unsharded_accumulated_grad):
+            unsharded += nbytes(grad)
+        sharded += nbytes(fsdp_param.sharded_param.grad)
+    return {"sharded": sharded, "unsharded": unsharded}
+
+
+def _fsdp1_unit_prefixes(model: nn.Module):
+    """(FQN prefix in the unwrapped model, flat parameter) for each classic FSDP unit."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    for name, module in model.named_modules():
+        if isinstance(module, FSDP) and module._handle is not None:
+            clean = ".".join(part for part in name.split(".") if part != "_fsdp_wrapped_module")
+            yield (clean + "." if clean else ""), module._handle.flat_param
+
+
+@torch.no_grad()
+def compare_with_reference(model: nn.Module, reference: nn.Module, rank: int,
+                           world_size: int) -> dict:
+    """Compare the gradient this rank holds with the reference's (an unwrapped model that ran
+    the same data as one big batch), on the part of it this rank owns.
+
+    Returns ``{"held": "sharded" | "unsharded" | "none", "max_abs_diff", "max_abs_ref",
+    "rel_err", "scale"}``: ``rel_err = max|g - g_ref| / max|g_ref|`` and ``scale`` the
+    least-squares factor ``<g, g_ref> / <g_ref, g_ref>`` (K when each micro-batch's loss was not
+    divided by K; far from 1 when ranks never averaged). Gradients of the wrong size (classic
+    FSDP's unsharded ``.grad`` after ``no_sync``) are compared with the whole reference.
+    """
+    ref = dict(reference.named_parameters())
+    pairs, kinds = [], set()
+    for prefix, flat_param in _fsdp1_unit_prefixes(model):
+        full = torch.cat([ref[prefix + fqn].grad.flatten() for fqn in flat_param._fqns])
+        if flat_param.grad is None:
+            kinds.add("none")
+            continue
+        if flat_param.grad.numel() == flat_param.numel():  # the rank's shard of the padded flat
+            shard = flat_param.numel()
+            padded = torch.nn.functional.pad(full, (0, shard * world_size - full.numel()))
+            pairs.append((flat_param.grad, padded[rank * shard:(rank + 1) * shard]))
+            kinds.add("sharded")
+        else:
+            pairs.append((flat_param.grad[:full.numel()], full))
+            kinds.add("unsharded")
+    for fsdp_param in _fsdp2_params(model):
+        sharded = fsdp_param.sharded_param
+        ref_grad = ref[fsdp_param._param_fqn].grad
+        if sharded.grad is None:
+            kinds.add("none")
+            continue
+        from torch.distributed.tensor import distribute_tensor
+        # Every rank computed the same reference: shard it locally, no communication.
+        mine = distribute_tensor(ref_grad, sharded.device_mesh, sharded.placements,
+                                 src_data_rank=None).to_local()
+        pairs.append((sharded.grad.to_local(), mine))
+        kinds.add("sharded")
+    if not pairs:
+        return {"held": "none", "max_abs_diff": None, "max_abs_ref": None, "rel_err": None,
+                "scale": 0.0}
+    got = torch.cat([g.flatten().float() for g, _ in pairs])
+    want = torch.cat([r.flatten().float() for _, r in pairs])
+    diff = (got - want).abs().max().item()
+    ref_max = want.abs().max().item()
+    return {
+        "held": "unsharded" if "unsharded" in kinds else ("none" if "none" in kinds and len(kinds) == 1
+                                                          else "sharded"),
+        "missing": "none" in kinds,
+        "max_abs_diff": diff, "max_abs_ref": ref_max, "rel_err": diff / ref_max,
+        "scale": (got @ want).item() / (want @ want).item(),
+    }

@@ -1,0 +1,298 @@
+"""Question banks: loading, sealing and validating ``quizzes/banks/<lesson>.json``.
+
+A bank keeps what a learner may see (ids, prompts, option texts, units) readable, and everything
+that gives the answer away (correct options, values, rubrics, reference answers, explanations,
+checker paths) in a per-question ``sealed`` field: base64 of zlib-compressed JSON. That is not
+security (anyone can unseal it); it only keeps answers from being read by accident while
+browsing the repository.
+"""
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FORMAT = 1
+TYPES = ("single", "multi", "numeric", "open", "code")
+LANGS = ("en", "zh")
+BANK_DIR = Path(__file__).resolve().parent / "banks"
+# Extra bank folders (os.pathsep-separated), searched before the package's own: lets tests and
+# authors try a bank without touching the course's files.
+BANK_PATH_ENV = "QUIZZES_BANK_PATH"
+# The only keys a question may show in plain text; anything else belongs in the sealed field.
+PUBLIC_KEYS = {"id", "type", "prompt", "options", "unit", "sealed"}
+
+
+class QuizError(Exception):
+    """A problem the user can fix (unknown lesson or question, malformed answer or bank)."""
+
+
+@dataclass(frozen=True)
+class Option:
+    id: str
+    text: dict  # {"en": ..., "zh": ...}
+
+
+@dataclass
+class Question:
+    id: str
+    type: str
+    prompt: dict
+    options: list = field(default_factory=list)
+    unit: dict | None = None
+    sealed: str = ""
+    _secret: dict | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def secret(self) -> dict:
+        """The unsealed answer data (decoded once, on first use)."""
+        if self._secret is None:
+            self._secret = unseal_text(self.sealed, where=f"question {self.id!r}")
+        return self._secret
+
+    def option_ids(self) -> list:
+        return [o.id for o in self.options]
+
+    def text(self, lang: str) -> str:
+        return self.prompt[lang]
+
+
+@dataclass
+class Bank:
+    lesson: str
+    title: dict
+    questions: list
+    path: Path | None = None
+
+    def question(self, qid: str) -> Question:
+        for q in self.questions:
+            if q.id == qid:
+                return q
+        known = ", ".join(q.id for q in self.questions)
+        raise QuizError(f"unknown question {qid!r} in {self.lesson} (known: {known})")
+
+    def graded(self) -> list:
+        """Questions the quiz itself grades (code exercises are graded in their notebook cell)."""
+        return [q for q in self.questions if q.type != "code"]
+
+    def __iter__(self):
+        return iter(self.questions)
+
+    def __len__(self):
+        return len(self.questions)
+
+
+# --- sealing -------------------------------------------------------------------------------
+
+def seal_obj(obj) -> str:
+    raw = json.dumps(obj, ensure_ascii=False, sort_keys=True).encode("utf-8")
+    return base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
+
+
+def unseal_text(text: str, where: str = "sealed field") -> dict:
+    try:
+        return json.loads(zlib.decompress(base64.b64decode(text.encode("ascii"), validate=True)))
+    except Exception as exc:  # any decoding failure means the bank file was damaged
+        raise QuizError(f"cannot unseal {where}: {type(exc).__name__}") from None
+
+
+# --- finding and loading banks -------------------------------------------------------------
+
+def bank_dirs() -> list:
+    extra = [Path(p) for p in os.environ.get(BANK_PATH_ENV, "").split(os.pathsep) if p]
+    return extra + [BANK_DIR]
+
+
+def known_lessons() -> list:
+    names = set()
+    for d in bank_dirs():
+        if d.is_dir():
+            names.update(p.stem for p in d.glob("*.json"))
+    # natural order: lesson2 before lesson10
+    return sorted(names, key=lambda s: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)])
+
+
+def normalise_lesson(lesson) -> str:
+    """'lesson1', 'Lesson1', '1' and 1 all mean lesson1."""
+    name = str(lesson).strip().lower()
+    return f"lesson{name}" if name.isdigit() else name
+
+
+def bank_path(lesson) -> Path:
+    name = normalise_lesson(lesson)
+    for d in bank_dirs():
+        p = d / f"{name}.json"
+        if p.is_file():
+            return p
+    known = ", ".join(known_lessons()) or "none"
+    raise QuizError(f"unknown lesson {str(lesson)!r} (known lessons: {known})")
+
+
+_cache: dict = {}
+
+
+def load_bank(lesson) -> Bank:
+    """Load and validate the bank of `lesson` ('lesson1' or 1). Unknown lesson -> QuizError."""
+    path = bank_path(lesson)
+    key = (str(path), path.stat().st_mtime_ns)
+    if key not in _cache:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise QuizError(f"cannot read bank {path}: {exc}") from None
+        _cache[key] = bank_from_dict(data, path)
+    return _cache[key]
+
+
+def bank_from_dict(data: dict, path: Path | None = None) -> Bank:
+    where = str(path) if path else "bank"
+    if not isinstance(data, dict) or not isinstance(data.get("questions"), list):
+        raise QuizError(f"{where}: a bank is an object with a 'questions' list")
+    questions = []
+    for i, qd in enumerate(data["questions"]):
+        if not isinstance(qd, dict):
+            raise QuizError(f"{where}: question #{i + 1} is not an object")
+        extra = set(qd) - PUBLIC_KEYS
+        if extra:
+            raise QuizError(f"{where}: question {qd.get('id')!r} has non-public keys {sorted(extra)}"
+                            " (answers belong in 'sealed')")
+        options = [Option(o["id"], o["text"]) for o in qd.get("options", [])]
+        questions.append(Question(qd["id"], qd["type"], qd["prompt"], options,
+                                  qd.get("unit"), qd.get("sealed", "")))
+    bank = Bank(data.get("lesson", path.stem if path else "?"), data.get("title", {}), questions, path)
+    problems = validate(bank)
+    if problems:
+        raise QuizError(f"{where}: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
+    return bank
+
+
+# --- authoring: sealed bank <-> plain authoring dict ---------------------------------------
+
+def to_authoring(bank: Bank) -> dict:
+    """The plain, editable form of a bank: each question's sealed data under 'secret'."""
+    out = {"format": FORMAT, "lesson": bank.lesson, "title": bank.title, "questions": []}
+    for q in bank.questions:
+        qd = {"id": q.id, "type": q.type, "prompt": q.prompt}
+        if q.options:
+            qd["options"] = [{"id": o.id, "text": o.text} for o in q.options]
+        if q.unit:
+            qd["unit"] = q.unit
+        qd["secret"] = copy.deepcopy(q.secret)  # edits must not reach the cached bank
+        out["questions"].append(qd)
+    return out
+
+
+def from_authoring(data: dict) -> dict:
+    """Seal an authoring dict into the bank-file dict (validated)."""
+    if not isinstance(data, dict) or not isinstance(data.get("questions"), list) or "lesson" not in data:
+        raise QuizError("an authoring file is an object with 'lesson' and a 'questions' list")
+    questions = []
+    for qd in data["questions"]:
+        if "secret" not in qd:
+            raise QuizError(f"question {qd.get('id')!r} has no 'secret'")
+        public = {k: v for k, v in qd.items() if k != "secret"}
+        public["sealed"] = seal_obj(qd["secret"])
+        questions.append(public)
+    bank_dict = {"format": FORMAT, "lesson": data["lesson"], "title": data.get("title", {}),
+                 "questions": questions}
+    bank_from_dict(bank_dict)  # raises QuizError on any problem
+    return bank_dict
+
+
+def dump_bank(bank_dict: dict) -> str:
+    return json.dumps(bank_dict, ensure_ascii=False, indent=1) + "\n"
+
+
+# --- validation (also the bank lint the tests run) -----------------------------------------
+
+def _bilingual(d) -> bool:
+    return isinstance(d, dict) and all(isinstance(d.get(k), str) and d[k].strip() for k in LANGS)
+
+
+def validate(bank: Bank) -> list:
+    """Return a list of problems (empty when the bank is sound)."""
+    problems = []
+    seen = set()
+    if not _bilingual(bank.title):
+        problems.append("title needs en and zh text")
+    for q in bank.questions:
+        tag = f"question {q.id!r}"
+        if q.id in seen:
+            problems.append(f"{tag}: duplicate id")
+        seen.add(q.id)
+        if q.type not in TYPES:
+            problems.append(f"{tag}: type {q.type!r} is not one of {TYPES}")
+            continue
+        if not _bilingual(q.prompt):
+            problems.append(f"{tag}: prompt needs en and zh text")
+        try:
+            s = q.secret
+        except QuizError as exc:
+            problems.append(str(exc))
+            continue
+        problems += [f"{tag}: {p}" for p in _validate_secret(q, s)]
+    return problems
+
+
+def _validate_secret(q: Question, s: dict) -> list:
+    p = []
+    if q.type in ("single", "multi"):
+        ids = q.option_ids()
+        if len(ids) < 2 or len(set(ids)) != len(ids):
+            p.append("needs at least two options with unique ids")
+        p += [f"option {o.id!r} needs en and zh text" for o in q.options if not _bilingual(o.text)]
+        correct = s.get("correct")
+        correct_set = {correct} if q.type == "single" else set(correct or [])
+        if q.type == "single" and not isinstance(correct, str):
+            p.append("secret.correct must be one option id")
+        if q.type == "multi" and not isinstance(correct, list):
+            p.append("secret.correct must be a list of option ids")
+        if not correct_set <= set(ids):
+            p.append(f"secret.correct {correct!r} names options that do not exist")
+        why = s.get("why", {})
+        # every option gets a why: wrong ones say why they are wrong, right ones why they are right
+        p += [f"option {i!r} has no en+zh explanation in secret.why" for i in ids if not _bilingual(why.get(i))]
+    elif q.type == "numeric":
+        if not isinstance(s.get("value"), (int, float)):
+            p.append("secret.value must be a number")
+        tol = s.get("tolerance", {})
+        if not (isinstance(tol, dict) and len(tol) == 1 and set(tol) <= {"abs", "rel"}
+                and isinstance(next(iter(tol.values())), (int, float)) and next(iter(tol.values())) >= 0):
+            p.append("secret.tolerance must be {'abs': x} or {'rel': x} with x >= 0")
+        if not _bilingual(s.get("explanation")):
+            p.append("secret.explanation needs en and zh text")
+        if not _bilingual(q.unit):
+            p.append("unit needs en and zh text")
+    elif q.type == "open":
+        ideas = s.get("ideas")
+        if not isinstance(ideas, list) or not ideas:
+            p.append("secret.ideas must be a non-empty list")
+            ideas = []
+        for i, idea in enumerate(ideas):
+            if not _bilingual(idea.get("label")):
+                p.append(f"idea #{i + 1} needs an en and zh label")
+            for lang in LANGS:
+                if not idea.get(lang):
+                    p.append(f"idea #{i + 1} needs {lang} phrasings")
+                for pat in idea.get(lang, []):
+                    if pat.startswith("re:"):
+                        try:
+                            re.compile(pat[3:])
+                        except re.error as exc:
+                            p.append(f"idea #{i + 1}: bad regex {pat!r}: {exc}")
+        if not isinstance(s.get("min_ideas"), int) or not 1 <= s["min_ideas"] <= len(ideas):
+            p.append("secret.min_ideas must be between 1 and the number of ideas")
+        if not _bilingual(s.get("reference")):
+            p.append("secret.reference needs en and zh text")
+        samples = s.get("samples", {})
+        if not all(isinstance(samples.get(k), list) and samples[k] for k in LANGS):
+            p.append("secret.samples needs good en and zh answers (the tests grade them)")
+    elif q.type == "code":
+        if not re.fullmatch(r"[\w.]+:\w+", str(s.get("checker", ""))):
+            p.append("secret.checker must be 'package.module:function'")
+    return p

@@ -1,0 +1,15 @@
+"""Tiny checkers used by the engine's own tests and as a template for real ones.
+
+A checker is called as checker(learner_fn, **context) and returns (passed, message). It lets
+NotImplementedError from the learner's function propagate: that is how "not attempted yet" is
+detected. Real lesson checkers live in fsdp_course/exercises.py.
+"""
+
+
+def check_square(learner_fn, **context):
+    """Demo exercise: learner_fn(x) must return x * x."""
+    for x in (0, 3, -2, context.get("extra", 7)):
+        got = learner_fn(x)
+        if got != x * x:
+            return False, f"square({x}) returned {got!r}, expected {x * x}"
+    return True, "square() is right for 0, 3, -2 and 7"

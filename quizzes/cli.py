@@ -1,0 +1,233 @@
+"""Terminal front end: python -m quizzes {list,take,grade,progress,seal,unseal}."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from . import progress
+from .bank import (BANK_DIR, LANGS, QuizError, dump_bank, from_authoring, known_lessons, load_bank,
+                   to_authoring)
+from .grading import grade_question
+from .i18n import msg
+
+EXAMPLES = """\
+examples:
+  python -m quizzes list                          lessons, question counts, your progress
+  python -m quizzes take lesson1                  take the quiz of lesson 1 in the terminal
+  python -m quizzes take lesson1 --lang zh --only q_full_vs_shard_grad_op
+  python -m quizzes grade answers.json --json     grade a file of answers (for instructors, CI)
+  python -m quizzes progress                      your scores per lesson
+  python -m quizzes unseal lesson1 > /tmp/l1.json # authoring: edit, then
+  python -m quizzes seal /tmp/l1.json             # writes quizzes/banks/lesson1.json
+
+answers file for `grade` (JSON):
+  {"lesson": "lesson1", "lang": "en",
+   "answers": {"q_zero_mapping": "b", "q_shard_optimizer_state": ["a", "b"],
+               "q_model_state_bytes": 2e8, "q_full_vs_shard_grad_op": "FULL_SHARD frees ..."}}
+  `grade` exits 0 whenever the file was graded, whatever the score; 2 on an unknown lesson or
+  question, a malformed file or an answer of the wrong type (one line on stderr).
+
+progress file: $FSDP_COURSE_PROGRESS, else ~/.fsdp_course/progress.json
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, like every other error of this tool
+        raise QuizError(f"{message} (see: python -m quizzes --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m quizzes", description="Quizzes of the fsdp-course, in the terminal.",
+                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub.add_parser("list", help="lessons with question counts and your progress")
+    t = sub.add_parser("take", help="take a lesson's quiz interactively")
+    t.add_argument("lesson", help="lesson1 (or just 1)")
+    t.add_argument("--lang", choices=LANGS, help="language (default: your last choice, else en)")
+    t.add_argument("--only", metavar="QID", help="ask only this question")
+    g = sub.add_parser("grade", help="grade a JSON file of answers (non-interactive)")
+    g.add_argument("answers_file", metavar="ANSWERS_FILE")
+    g.add_argument("--lang", choices=LANGS, help="feedback language (default: the file's 'lang', else en)")
+    g.add_argument("--json", action="store_true", help="print the results as JSON")
+    g.add_argument("--record", action="store_true", help="also record the results in your progress")
+    sub.add_parser("progress", help="table of your scores per lesson")
+    s = sub.add_parser("seal", help="authoring: seal a plain authoring file into quizzes/banks/")
+    s.add_argument("file", metavar="FILE")
+    s.add_argument("--out", help="write here instead of quizzes/banks/<lesson>.json")
+    u = sub.add_parser("unseal", help="authoring: print a bank in plain, editable JSON")
+    u.add_argument("lesson")
+    return p
+
+
+# --- list / progress -----------------------------------------------------------------------
+
+def cmd_list(args) -> int:
+    print(f"{'lesson':<10}{'questions':>10}{'code':>6}{'correct':>9}  title")
+    for name in known_lessons():
+        bank = load_bank(name)
+        graded = [q.id for q in bank.graded()]
+        done = progress.lesson_summary(bank.lesson, graded)
+        print(f"{bank.lesson:<10}{len(graded):>10}{len(bank) - len(graded):>6}"
+              f"{done['correct']:>5} / {len(graded):<2} {bank.title['en']}")
+    return 0
+
+
+def cmd_progress(args) -> int:
+    print(f"progress file: {progress.progress_path()}")
+    print(f"{'lesson':<10}{'answered':>10}{'correct':>9}{'score':>12}{'exercises':>11}")
+    for name in known_lessons():
+        bank = load_bank(name)
+        quiz = progress.lesson_summary(bank.lesson, [q.id for q in bank.graded()])
+        code = progress.lesson_summary(bank.lesson, [q.id for q in bank if q.type == "code"])
+        print(f"{bank.lesson:<10}{quiz['answered']:>6} / {quiz['total']:<2}{quiz['correct']:>6}"
+              f"{quiz['score']:>9.2f} / {quiz['total']:<2}{code['correct']:>7} / {code['total']}")
+    return 0
+
+
+# --- take ------------------------------------------------------------------------------------
+
+HINTS = {
+    "single": {"en": "one letter", "zh": "一个字母"},
+    "multi": {"en": "letters, e.g. a,c", "zh": "多个字母，例如 a,c"},
+    "numeric": {"en": "a number, in {unit}", "zh": "一个数字，单位：{unit}"},
+    "open": {"en": "your answer in one line", "zh": "用一行文字作答"},
+}
+
+
+def cmd_take(args) -> int:
+    bank = load_bank(args.lesson)
+    lang = args.lang or progress.get_setting("lang", "en")
+    questions = [bank.question(args.only)] if args.only else list(bank)
+    graded = [q for q in questions if q.type != "code"]
+    print(f"{bank.title[lang]}  ({bank.lesson}: {len(graded)} "
+          f"{'questions; Enter skips one, Ctrl-D stops' if lang == 'en' else '题；回车跳过，Ctrl-D 结束'})")
+    right = 0
+    try:
+        for n, q in enumerate(questions, 1):
+            print(f"\n[{n}/{len(questions)}] {q.prompt[lang]}")
+            if q.type == "code":
+                print("  -> " + ("skipped here: run the exercise cell in the notebook" if lang == "en"
+                                 else "此处跳过：请在 notebook 中运行练习单元格"))
+                continue
+            for o in q.options:
+                print(f"  {o.id}) {o.text[lang]}")
+            result = _ask(q, lang)
+            if result is None:
+                continue
+            progress.record(bank.lesson, q.id, result.score, result.correct)
+            right += result.correct
+            print(result.feedback)
+    except (EOFError, KeyboardInterrupt):
+        print("\n" + ("stopped." if lang == "en" else "已结束。"))
+    print("\n" + msg("score", lang, k=right, n=len(graded)))
+    return 0
+
+
+def _ask(q, lang):
+    """Read answers until one can be graded; None when the learner skips (empty line)."""
+    hint = HINTS[q.type][lang].format(unit=q.unit[lang] if q.unit else "")
+    while True:
+        line = input(f"> ({hint}) ").strip()
+        if not sys.stdin.isatty():  # piped answers: echo them so the transcript reads right
+            print(line)
+        if not line:
+            print("  (skipped)" if lang == "en" else "  （已跳过）")
+            return None
+        try:
+            return grade_question(q, line, lang)
+        except QuizError as exc:  # a typo is not the end of the quiz: say why and ask again
+            print(f"  {exc}")
+
+
+# --- grade -----------------------------------------------------------------------------------
+
+def read_answers(path: str) -> dict:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise QuizError(f"answers file {path} not found") from None
+    except (OSError, ValueError) as exc:
+        raise QuizError(f"answers file {path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("lesson"), str) \
+            or not isinstance(data.get("answers"), dict):
+        raise QuizError(f"answers file {path} must be an object with 'lesson' (string) and "
+                        "'answers' (object of question id -> answer)")
+    return data
+
+
+def cmd_grade(args) -> int:
+    data = read_answers(args.answers_file)
+    lang = args.lang or data.get("lang", "en")
+    if lang not in LANGS:
+        raise QuizError(f"answers file: unknown lang {lang!r} (use one of: {', '.join(LANGS)})")
+    bank = load_bank(data["lesson"])
+    for qid in data["answers"]:
+        bank.question(qid)  # unknown ids fail before anything is printed
+    results = {}
+    for q in bank.graded():
+        if q.id in data["answers"]:
+            results[q.id] = grade_question(q, data["answers"][q.id], lang)
+    for qid in data["answers"]:
+        if qid not in results:  # the only graded-question ids left out are code exercises
+            raise QuizError(f"{qid} is a code exercise: it is graded in the notebook, not by answers")
+    if args.record:
+        for qid, r in results.items():
+            progress.record(bank.lesson, qid, r.score, r.correct)
+    total = len(bank.graded())
+    right = sum(r.correct for r in results.values())
+    score = sum(r.score for r in results.values())
+    if args.json:
+        rows = [{"id": q.id, "answered": q.id in results,
+                 "correct": results[q.id].correct if q.id in results else False,
+                 "score": results[q.id].score if q.id in results else 0.0,
+                 "feedback": results[q.id].feedback if q.id in results else ""} for q in bank.graded()]
+        print(json.dumps({"lesson": bank.lesson, "lang": lang, "correct": right, "total": total,
+                          "score": round(score, 4), "results": rows}, ensure_ascii=False, indent=1))
+        return 0
+    for q in bank.graded():
+        r = results.get(q.id)
+        if r is None:
+            print(f"[not answered] {q.id}")
+            continue
+        print(f"[{'correct' if r.correct else 'wrong'}] {q.id} ({r.score:.2f})")
+        print("    " + r.feedback.replace("\n", "\n    "))
+    print(f"Total: {right} / {total} correct (score {score:.2f} / {total})")
+    return 0
+
+
+# --- authoring -------------------------------------------------------------------------------
+
+def cmd_seal(args) -> int:
+    try:
+        data = json.loads(Path(args.file).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise QuizError(f"cannot read authoring file {args.file}: {exc}") from None
+    bank_dict = from_authoring(data)
+    out = Path(args.out) if args.out else BANK_DIR / f"{bank_dict['lesson']}.json"
+    out.write_text(dump_bank(bank_dict), encoding="utf-8")
+    print(f"wrote {out} ({len(bank_dict['questions'])} questions)")
+    return 0
+
+
+def cmd_unseal(args) -> int:
+    print(json.dumps(to_authoring(load_bank(args.lesson)), ensure_ascii=False, indent=1))
+    return 0
+
+
+COMMANDS = {"list": cmd_list, "take": cmd_take, "grade": cmd_grade, "progress": cmd_progress,
+            "seal": cmd_seal, "unseal": cmd_unseal}
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return COMMANDS[args.command](args)
+    except QuizError as exc:
+        print(f"quizzes: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `python -m quizzes ... | head`: stop quietly, as other tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

@@ -1,0 +1,484 @@
+"""Tests of the quiz engine (quizzes/): every bank's answers, bank lint, exercises, progress,
+CLI and widget. Banks added later (lesson2..5) are covered automatically."""
+import json
+import os
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import quizzes
+from quizzes import bank as bankmod
+from quizzes import progress
+from quizzes.bank import BANK_DIR, QuizError
+
+REPO = Path(__file__).resolve().parents[1]
+BANK_FILES = sorted(BANK_DIR.glob("*.json"))
+LESSONS = [p.stem for p in BANK_FILES]
+OFF_TOPIC = {"en": "I had pizza for lunch and the weather was sunny.", "zh": "今天午饭吃了披萨，天气很好。"}
+
+
+@pytest.fixture(autouse=True)
+def quiz_progress_file(tmp_path, monkeypatch):
+    """Every test writes its progress into its own folder, never into ~/.fsdp_course."""
+    path = tmp_path / "progress" / "progress.json"
+    monkeypatch.setenv(progress.ENV, str(path))
+    monkeypatch.delenv(bankmod.BANK_PATH_ENV, raising=False)
+    return path
+
+
+def quiz_questions(types_=("single", "multi", "numeric", "open")):
+    return [pytest.param(lesson, q.id, id=f"{lesson}-{q.id}")
+            for lesson in LESSONS for q in quizzes.load_bank(lesson) if q.type in types_]
+
+
+def right_answer(q):
+    s = q.secret
+    return {"single": lambda: s["correct"], "multi": lambda: list(s["correct"]),
+            "numeric": lambda: s["value"], "open": lambda: s["samples"]["en"][0]}[q.type]()
+
+
+def wrong_answers(q):
+    """Wrong answers generated from the sealed data, so any bank can be tested."""
+    s = q.secret
+    if q.type == "single":
+        return [o for o in q.option_ids() if o != s["correct"]]
+    if q.type == "multi":
+        ids, right = q.option_ids(), set(s["correct"])
+        flipped = [sorted(right ^ {o}) for o in ids]  # one option judged wrongly
+        return [f for f in flipped if f] + [sorted(set(ids) - right) or [ids[0]]]
+    if q.type == "numeric":
+        (kind, tol), = s["tolerance"].items()
+        allowed = tol if kind == "abs" else tol * abs(s["value"])
+        return [s["value"] + 10 * max(allowed, 1.0), s["value"] - 10 * max(allowed, 1.0)]
+    return [OFF_TOPIC["en"], OFF_TOPIC["zh"]]
+
+
+# --- every question of every bank ------------------------------------------------------------
+
+def test_banks_exist():
+    assert "lesson0" in LESSONS and "lesson1" in LESSONS
+
+
+@pytest.mark.parametrize("lesson,qid", quiz_questions())
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_right_answer_is_correct(lesson, qid, lang):
+    q = quizzes.load_bank(lesson).question(qid)
+    r = quizzes.grade(lesson, qid, right_answer(q), lang)
+    assert r.correct and r.score == 1.0, r.feedback
+    assert r.feedback.strip()
+
+
+@pytest.mark.parametrize("lesson,qid", quiz_questions())
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_wrong_answers_are_explained(lesson, qid, lang):
+    q = quizzes.load_bank(lesson).question(qid)
+    for wrong in wrong_answers(q):
+        r = quizzes.grade(lesson, qid, wrong, lang)
+        assert not r.correct, (wrong, r.feedback)
+        assert 0.0 <= r.score < 1.0
+        assert len(r.feedback.strip()) > 20
+        if q.type in ("single", "multi"):
+            # the explanation of why a chosen (or missed) option is wrong is in the feedback
+            chosen = [wrong] if q.type == "single" else wrong
+            judged = set(chosen) ^ ({q.secret["correct"]} if q.type == "single" else set(q.secret["correct"]))
+            for oid in judged:
+                if q.type == "multi" or oid in chosen:
+                    assert q.secret["why"][oid][lang] in r.feedback
+        if q.type == "numeric":
+            assert q.secret["explanation"][lang] in r.feedback
+
+
+@pytest.mark.parametrize("lesson,qid", quiz_questions(("open",)))
+def test_open_answers_in_both_languages(lesson, qid):
+    q = quizzes.load_bank(lesson).question(qid)
+    for lang in ("en", "zh"):
+        for sample in q.secret["samples"][lang]:
+            r = quizzes.grade(lesson, qid, sample, lang)
+            assert r.correct, f"{lang} sample failed: {sample!r}\n{r.feedback}"
+    for lang in ("en", "zh"):
+        r = quizzes.grade(lesson, qid, OFF_TOPIC[lang], lang)
+        assert not r.correct
+        assert len(r.details["missed"]) == len(q.secret["ideas"])
+        for idea in q.secret["ideas"]:  # every missed idea is named, then the reference answer
+            assert idea["label"][lang] in r.feedback
+        assert q.secret["reference"][lang] in r.feedback
+
+
+def test_open_rubric_normalises_text():
+    r = quizzes.grade("lesson1", "q_full_vs_shard_grad_op",
+                      "FULL_SHARD: frees   PARAMETERS after forward; ALL-GATHERS them again in backward!")
+    assert r.correct and {"reshard_after_forward", "gather_again"} <= set(r.details["found"])
+    mixed = quizzes.grade("lesson1", "q_full_vs_shard_grad_op", "FULL_SHARD 反向时再次 all-gather，显存更少", "zh")
+    assert mixed.correct and "gather_again" in mixed.details["found"]
+    assert "已答到的要点" in mixed.feedback and "参考答案" in mixed.feedback
+
+
+# --- bank lint -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", BANK_FILES, ids=LESSONS)
+def test_bank_lint(path):
+    raw = path.read_text(encoding="utf-8")
+    data = json.loads(raw)
+    assert set(data) <= {"format", "lesson", "title", "questions"}
+    assert data["lesson"] == path.stem
+    bank = quizzes.load_bank(path.stem)
+    assert bankmod.validate(bank) == []  # en+zh everywhere, why for every option, ids unique
+    ids = [q.id for q in bank]
+    assert len(ids) == len(set(ids))
+    # nothing that gives an answer away may be readable outside the sealed fields
+    assert not re.search(r'"(correct|answer|answers|value|tolerance|checker|why|ideas|rubric|'
+                         r'reference|samples|explanation|min_ideas)"\s*:', raw)
+    for q in bank:
+        assert set(data["questions"][ids.index(q.id)]) <= bankmod.PUBLIC_KEYS
+        s = q.secret
+        secrets = []
+        if q.type in ("single", "multi"):
+            secrets += [w[lang] for w in s["why"].values() for lang in ("en", "zh")]
+        if q.type == "numeric":
+            secrets += list(s["explanation"].values())
+        if q.type == "open":
+            secrets += list(s["reference"].values()) + s["samples"]["en"] + s["samples"]["zh"]
+            secrets += [i["label"][lang] for i in s["ideas"] for lang in ("en", "zh")]
+        if q.type == "code":
+            secrets.append(s["checker"])
+        for text in secrets:
+            assert text not in raw, f"{q.id}: {text[:40]!r} readable in {path.name}"
+            assert json.dumps(text, ensure_ascii=False)[1:-1] not in raw
+
+
+def test_lesson1_required_questions():
+    bank = quizzes.load_bank("lesson1")
+    assert bank.question("q_full_vs_shard_grad_op").type == "open"
+    assert bank.question("q_full_vs_shard_grad_op").secret["min_ideas"] == 2
+    ex = bank.question("ex_predict_bytes")
+    assert ex.type == "code" and ex.secret["checker"] == "fsdp_course.exercises:check_predict_bytes"
+    assert len(bank.graded()) >= 7 and len(quizzes.load_bank("lesson0").graded()) >= 6
+
+
+def test_seal_refuses_a_broken_bank(tmp_path):
+    authoring = bankmod.to_authoring(quizzes.load_bank("lesson1"))
+    q = next(q for q in authoring["questions"] if q["type"] == "single")
+    del q["secret"]["why"][q["options"][0]["id"]]
+    with pytest.raises(QuizError, match="explanation"):
+        bankmod.from_authoring(authoring)
+
+
+# --- API errors ------------------------------------------------------------------------------
+
+def test_load_bank_errors_and_aliases():
+    with pytest.raises(QuizError, match=r"unknown lesson 'lesson99' \(known lessons: lesson0, lesson1"):
+        quizzes.load_bank("lesson99")
+    assert quizzes.load_bank("1").lesson == "lesson1" == quizzes.load_bank(1).lesson
+
+
+@pytest.mark.parametrize("qid,answer,match", [
+    ("nope", "a", "unknown question 'nope'"),
+    ("q_zero_mapping", ["b"], "single-choice"),
+    ("q_zero_mapping", "z", "unknown option 'z'"),
+    ("q_zero_mapping", 2, "option"),
+    ("q_shard_optimizer_state", 3, "multiple-choice"),
+    ("q_shard_optimizer_state", ["a", "q"], "unknown option 'q'"),
+    ("q_model_state_bytes", "lots", "cannot read 'lots'"),
+    ("q_model_state_bytes", ["1"], "numeric"),
+    ("q_model_state_bytes", True, "numeric"),
+    ("q_full_vs_shard_grad_op", 42, "open question"),
+    ("ex_predict_bytes", "x", "code exercise"),
+])
+def test_grade_rejects_bad_answers(qid, answer, match):
+    with pytest.raises(QuizError, match=re.escape(match)):
+        quizzes.grade("lesson1", qid, answer)
+
+
+def test_grade_accepts_friendly_forms():
+    assert quizzes.grade("lesson1", "q_model_state_bytes", "200,000,000 bytes").correct
+    assert quizzes.grade("lesson1", "q_model_state_bytes", "2e8").correct
+    assert quizzes.grade("lesson1", "q_zero_mapping", " B ").correct
+    assert quizzes.grade("lesson1", "q_shard_optimizer_state", "a, b d").correct
+    partial = quizzes.grade("lesson1", "q_shard_optimizer_state", ["a", "b"])
+    assert not partial.correct and 0 < partial.score < 1
+    with pytest.raises(QuizError, match="unknown language"):
+        quizzes.grade("lesson1", "q_zero_mapping", "b", lang="fr")
+
+
+# --- code exercises --------------------------------------------------------------------------
+
+@pytest.fixture
+def quiz_demo_bank(tmp_path, monkeypatch):
+    """A one-exercise bank in a temporary folder, graded by quizzes.checks:check_square."""
+    authoring = {"lesson": "lessondemo", "title": {"en": "Demo", "zh": "演示"}, "questions": [
+        {"id": "ex_square", "type": "code", "prompt": {"en": "Write square(x).", "zh": "编写 square(x)。"},
+         "secret": {"checker": "quizzes.checks:check_square"}}]}
+    folder = tmp_path / "banks"
+    folder.mkdir()
+    (folder / "lessondemo.json").write_text(bankmod.dump_bank(bankmod.from_authoring(authoring)))
+    monkeypatch.setenv(bankmod.BANK_PATH_ENV, str(folder))
+    return "lessondemo"
+
+
+def test_exercise_not_attempted(quiz_demo_bank, capsys, quiz_progress_file):
+    def square(x):
+        raise NotImplementedError
+    r = quizzes.check_exercise(quiz_demo_bank, "ex_square", square)
+    assert r.attempted is False and r.passed is False
+    assert capsys.readouterr().out.startswith("not attempted yet: ex_square")
+    assert not quiz_progress_file.exists()  # nothing to record yet
+
+
+def test_exercise_pass_fail_and_error(quiz_demo_bank, capsys, quiz_progress_file):
+    r = quizzes.check_exercise(quiz_demo_bank, "ex_square", lambda x: x * x, extra=5)
+    assert r.passed and r.attempted and capsys.readouterr().out.startswith("PASS ex_square:")
+    r = quizzes.check_exercise(quiz_demo_bank, "ex_square", lambda x: x + x)
+    out = capsys.readouterr().out
+    assert not r.passed and r.attempted and out.startswith("FAIL ex_square: square(3) returned 6")
+
+    def broken(x):
+        raise ValueError("shapes do not match\nsecond line")
+    r = quizzes.check_exercise(quiz_demo_bank, "ex_square", broken)
+    out = capsys.readouterr().out
+    assert not r.passed and out == "FAIL ex_square: your function raised ValueError: shapes do not match\n"
+    rec = json.loads(quiz_progress_file.read_text())["lessons"]["lessondemo"]["ex_square"]
+    assert rec["attempts"] == 3 and rec["correct"] is True and rec["best_score"] == 1.0
+
+
+def test_lesson1_exercise_uses_the_banks_checker(monkeypatch, capsys):
+    """ex_predict_bytes calls fsdp_course.exercises:check_predict_bytes (a stand-in module here)."""
+    calls = []
+
+    def check_predict_bytes(learner_fn, **context):
+        calls.append(context)
+        return learner_fn(**context) == 16, "16 bytes per parameter"
+    package, module = types.ModuleType("fsdp_course"), types.ModuleType("fsdp_course.exercises")
+    module.check_predict_bytes = check_predict_bytes
+    package.exercises = module
+    monkeypatch.setitem(sys.modules, "fsdp_course", package)
+    monkeypatch.setitem(sys.modules, "fsdp_course.exercises", module)
+    r = quizzes.check_exercise("lesson1", "ex_predict_bytes", lambda n: 16 * n, n=1)
+    assert r.passed and calls == [{"n": 1}]
+    assert "PASS ex_predict_bytes: 16 bytes per parameter" in capsys.readouterr().out
+    with pytest.raises(QuizError, match="not a code exercise"):
+        quizzes.check_exercise("lesson1", "q_zero_mapping", lambda: None)
+
+
+# --- progress --------------------------------------------------------------------------------
+
+def test_progress_atomic_write(quiz_progress_file, monkeypatch):
+    progress.record("lesson1", "q_zero_mapping", 0.0, False)
+    progress.record("lesson1", "q_zero_mapping", 1.0, True)
+    progress.record("lesson1", "q_zero_mapping", 0.0, False)
+    assert sorted(p.name for p in quiz_progress_file.parent.iterdir()) == ["progress.json"]
+    rec = json.loads(quiz_progress_file.read_text())["lessons"]["lesson1"]["q_zero_mapping"]
+    assert rec["attempts"] == 3 and rec["best_score"] == 1.0 and rec["correct"] is True
+    assert rec["last_answered"]
+    before = quiz_progress_file.read_text()
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+    monkeypatch.setattr(progress.json, "dump", crash)
+    with pytest.raises(OSError):
+        progress.record("lesson1", "q_no_shard", 1.0, True)
+    assert quiz_progress_file.read_text() == before  # the old file survives a failed write
+    assert sorted(p.name for p in quiz_progress_file.parent.iterdir()) == ["progress.json"]
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"lessons": {"lesson1": 3}}'])
+def test_corrupt_progress_is_moved_aside(quiz_progress_file, capsys, content):
+    quiz_progress_file.parent.mkdir(parents=True)
+    quiz_progress_file.write_text(content)
+    progress.record("lesson1", "q_zero_mapping", 1.0, True)
+    moved = list(quiz_progress_file.parent.glob("progress.json.corrupt-*"))
+    assert len(moved) == 1 and moved[0].read_text() == content  # preserved, not lost
+    assert re.fullmatch(r"progress\.json\.corrupt-\d{8}-\d{6}", moved[0].name)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(moved[0]) in err
+    assert json.loads(quiz_progress_file.read_text())["lessons"]["lesson1"]["q_zero_mapping"]["correct"]
+
+
+def test_language_setting_is_remembered():
+    quiz = quizzes.show("lesson1")
+    assert quiz.lang == "en"
+    radio = next(b for b in quiz.boxes if b.q.type == "single").input
+    radio.value = radio.options[2][1]
+    quiz.lang_toggle.value = "zh"
+    assert radio.value == radio.options[2][1]  # switching language keeps the learner's choice
+    assert progress.get_setting("lang") == "zh"
+    assert "主要区别" in quiz.boxes[0].prompt.value and quiz.score.value.startswith("得分")
+    assert quizzes.show("lesson1").lang == "zh"  # a new quiz opens in the remembered language
+    assert quizzes.show("lesson1", lang="en").lang == "en"
+
+
+# --- widget ----------------------------------------------------------------------------------
+
+def test_widget_answers_a_single_choice_question():
+    import ipywidgets as widgets
+    quiz = quizzes.show("lesson1")
+    assert isinstance(quiz.root, widgets.VBox) and "quiz-root" in quiz.root._dom_classes
+    n = len(quizzes.load_bank("lesson1").graded())
+    assert quiz.score.value == f"Score: 0 / {n}"
+    box = next(b for b in quiz.boxes if b.q.id == "q_zero_mapping")
+    assert isinstance(box.input, widgets.RadioButtons) and box.button.description == "Check"
+    box.button.click()  # nothing chosen yet
+    assert "Choose an answer first" in box.output.outputs[0]["text"]
+    wrong = next(o for o in box.q.option_ids() if o != box.q.secret["correct"])
+    box.input.value = wrong
+    box.button.click()
+    assert box.output.outputs[0]["text"].startswith("Not quite.")
+    assert quiz.score.value == f"Score: 0 / {n}"
+    box.input.value = box.q.secret["correct"]
+    box.button.click()
+    assert len(box.output.outputs) == 1 and box.output.outputs[0]["text"].startswith("Correct.")
+    assert quiz.score.value == f"Score: 1 / {n}"
+    rec = progress.load()["lessons"]["lesson1"]["q_zero_mapping"]
+    assert rec["attempts"] == 2 and rec["correct"]
+    # every question type has its widget; code questions point to the exercise cell
+    kinds = {b.q.type: type(b.input).__name__ for b in quiz.boxes}
+    assert kinds == {"open": "Textarea", "single": "RadioButtons", "multi": "VBox", "numeric": "Text",
+                     "code": "HTML"}
+    code = next(b for b in quiz.boxes if b.q.type == "code")
+    assert "graded in the exercise cell above" in code.input.value
+
+
+def test_widget_numeric_and_open_feedback():
+    quiz = quizzes.show("lesson1")
+    box = next(b for b in quiz.boxes if b.q.id == "q_model_state_bytes")
+    box.input.value = "not a number"
+    box.button.click()
+    assert "cannot read" in box.output.outputs[0]["text"]
+    box.input.value = "200000000"
+    box.button.click()
+    assert box.output.outputs[0]["text"].startswith("Correct.")
+    box = next(b for b in quiz.boxes if b.q.id == "q_full_vs_shard_grad_op")
+    box.input.value = OFF_TOPIC["en"]
+    box.button.click()
+    assert "Key ideas missed" in box.output.outputs[0]["text"]
+
+
+# --- CLI -------------------------------------------------------------------------------------
+
+def quiz_cli(*args, stdin="", env_extra=None, progress_file=None):
+    env = dict(os.environ)
+    env[progress.ENV] = str(progress_file)
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "quizzes", *args], cwd=REPO, env=env, input=stdin,
+                          capture_output=True, text=True, timeout=120)
+
+
+def quiz_answers_file(tmp_path, lesson, answers, name="answers.json", lang="en"):
+    path = tmp_path / name
+    path.write_text(json.dumps({"lesson": lesson, "lang": lang, "answers": answers}))
+    return str(path)
+
+
+def test_cli_help_and_list(quiz_progress_file):
+    r = quiz_cli("--help", progress_file=quiz_progress_file)
+    assert r.returncode == 0 and "examples:" in r.stdout and "grade" in r.stdout
+    r = quiz_cli("list", progress_file=quiz_progress_file)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"lesson1\s+\d+\s+1\s+0 / \d+", r.stdout)
+    assert "lesson0" in r.stdout
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_cli_grade_right_and_wrong(tmp_path, quiz_progress_file, lesson):
+    bank = quizzes.load_bank(lesson)
+    n = len(bank.graded())
+    right = quiz_answers_file(tmp_path, lesson, {q.id: right_answer(q) for q in bank.graded()})
+    r = quiz_cli("grade", right, "--json", progress_file=quiz_progress_file)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["correct"] == n == out["total"] and out["score"] == n
+    r = quiz_cli("grade", right, progress_file=quiz_progress_file)
+    assert r.returncode == 0 and f"Total: {n} / {n} correct" in r.stdout
+    wrong = quiz_answers_file(tmp_path, lesson, {q.id: wrong_answers(q)[0] for q in bank.graded()}, "w.json")
+    r = quiz_cli("grade", wrong, progress_file=quiz_progress_file)
+    assert r.returncode == 0, r.stderr  # graded: exit 0 whatever the score
+    assert f"Total: 0 / {n} correct" in r.stdout and "[wrong]" in r.stdout
+    assert not quiz_progress_file.exists()  # grade records only with --record
+
+
+def test_cli_grade_partial_and_zh(tmp_path, quiz_progress_file):
+    path = quiz_answers_file(tmp_path, "lesson1", {"q_zero_mapping": "c"}, lang="zh")
+    r = quiz_cli("grade", path, "--record", progress_file=quiz_progress_file)
+    assert r.returncode == 0 and "不太对" in r.stdout and "[not answered] q_no_shard" in r.stdout
+    assert json.loads(quiz_progress_file.read_text())["lessons"]["lesson1"]["q_zero_mapping"]["attempts"] == 1
+
+
+@pytest.mark.parametrize("answers_text,match", [
+    (json.dumps({"lesson": "lesson99", "answers": {}}), "unknown lesson 'lesson99'"),
+    (json.dumps({"lesson": "lesson1", "answers": {"q_nope": "a"}}), "unknown question 'q_nope'"),
+    ("{oops", "not valid JSON"),
+    (json.dumps({"lesson": "lesson1"}), "must be an object with 'lesson'"),
+    (json.dumps({"lesson": "lesson1", "answers": {"q_zero_mapping": ["b"]}}), "single-choice"),
+    (json.dumps({"lesson": "lesson1", "answers": {"q_model_state_bytes": "lots"}}), "cannot read"),
+    (json.dumps({"lesson": "lesson1", "answers": {"ex_predict_bytes": "x"}}), "code exercise"),
+])
+def test_cli_grade_errors(tmp_path, quiz_progress_file, answers_text, match):
+    path = tmp_path / "answers.json"
+    path.write_text(answers_text)
+    r = quiz_cli("grade", str(path), progress_file=quiz_progress_file)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("quizzes: error: ") and r.stderr.count("\n") == 1 and match in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args,match", [
+    (("take", "lesson99"), "unknown lesson"),
+    (("take", "lesson1", "--only", "q_nope"), "unknown question"),
+    (("grade", "/nonexistent/answers.json"), "not found"),
+    (("unseal", "lesson42"), "unknown lesson"),
+    (("frobnicate",), "invalid choice"),
+])
+def test_cli_errors_are_one_line(quiz_progress_file, args, match):
+    r = quiz_cli(*args, progress_file=quiz_progress_file)
+    assert r.returncode == 2 and r.stderr.startswith("quizzes: error: ")
+    assert r.stderr.count("\n") == 1 and match in r.stderr
+
+
+def test_cli_take_with_piped_answers(quiz_progress_file):
+    bank = quizzes.load_bank("lesson1")
+    first, second = bank.questions[0], bank.questions[1]
+    assert first.type == "open" and second.type == "single"
+    stdin = "\n".join([first.secret["samples"]["en"][0], "zz", second.secret["correct"]]) + "\n"
+    r = quiz_cli("take", "lesson1", stdin=stdin, progress_file=quiz_progress_file)  # then EOF
+    assert r.returncode == 0, r.stderr
+    assert "unknown option 'zz'" in r.stdout  # a typo is explained and asked again
+    assert "stopped." in r.stdout and f"Score: 2 / {len(bank.graded())}" in r.stdout
+    assert "Traceback" not in r.stderr
+    recs = json.loads(quiz_progress_file.read_text())["lessons"]["lesson1"]
+    assert recs[first.id]["correct"] and recs[second.id]["correct"]
+
+
+def test_cli_take_zh_only_and_code_skipped(quiz_progress_file):
+    r = quiz_cli("take", "lesson1", "--lang", "zh", "--only", "q_zero_mapping", stdin="b\n",
+                 progress_file=quiz_progress_file)
+    assert r.returncode == 0 and "对应 ZeRO 的哪个阶段" in r.stdout and "得分：1 / 1" in r.stdout
+    r = quiz_cli("take", "lesson1", "--only", "ex_predict_bytes", progress_file=quiz_progress_file)
+    assert r.returncode == 0 and "run the exercise cell in the notebook" in r.stdout
+
+
+def test_cli_progress_and_corrupt_file(quiz_progress_file):
+    quiz_progress_file.parent.mkdir(parents=True)
+    quiz_progress_file.write_text("{broken")
+    r = quiz_cli("progress", progress_file=quiz_progress_file)
+    assert r.returncode == 0 and "lesson1" in r.stdout  # the command carries on
+    assert "moved it to" in r.stderr and r.stderr.count("\n") == 1
+    assert list(quiz_progress_file.parent.glob("progress.json.corrupt-*"))[0].read_text() == "{broken"
+    quiz_cli("take", "lesson1", "--only", "q_zero_mapping", stdin="b\n", progress_file=quiz_progress_file)
+    r = quiz_cli("progress", progress_file=quiz_progress_file)
+    assert re.search(r"lesson1\s+1 / \d+\s+1\s+1\.00", r.stdout)
+
+
+def test_cli_unseal_then_seal_round_trip(tmp_path, quiz_progress_file):
+    r = quiz_cli("unseal", "lesson1", progress_file=quiz_progress_file)
+    assert r.returncode == 0
+    authoring = json.loads(r.stdout)
+    assert authoring["questions"][0]["secret"]["min_ideas"] == 2
+    src, out = tmp_path / "lesson1.json", tmp_path / "banks" / "lesson1.json"
+    out.parent.mkdir()
+    src.write_text(r.stdout)
+    r = quiz_cli("seal", str(src), "--out", str(out), progress_file=quiz_progress_file)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text()) == json.loads((BANK_DIR / "lesson1.json").read_text())
