@@ -34,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(args)
     except ChildFailedError as exc:
-        rank, failure = min(exc.failures.items())
+        # The rank that failed on its own, not one the agent then stopped with SIGTERM.
+        exited = {r: f for r, f in exc.failures.items() if f.exitcode > 0}
+        rank, failure = min(exited.items()) if exited else exc.get_first_failure()
         code = failure.exitcode
         how = (f"was killed by {signal.Signals(-code).name}" if code < 0
                else f"exited with code {code}")

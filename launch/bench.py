@@ -1,0 +1,170 @@
+"""Time every lesson notebook and lesson script; print a table. Run it with `bash launch/bench.sh`.
+
+Everything runs in a temporary copy of the repository, so nothing is written into the repo
+(metrics files, checkpoints, executed notebooks, quiz progress). Environment:
+  BENCH_ONLY=lesson1   only lesson 1 (comma-separated list; also matches part of a name)
+  BENCH_KEEP=1         keep the temporary folder (kept anyway when something failed)
+  NPROC                processes per lesson script (default 2)
+Exit status 1 when something failed or a notebook ran past its budget.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+NOTEBOOK_BUDGET_S = 60.0  # the course's promise: each notebook under a minute on 2 CPU cores
+CELL_TIMEOUT_S = 600
+SCRIPT_TIMEOUT_S = 900
+COPY_IGNORE = shutil.ignore_patterns(
+    ".git", ".venv", "__pycache__", "*.egg-info", ".ipynb_checkpoints", ".pytest_cache",
+    "runs", "checkpoints", "metrics*.json",
+)
+
+
+def lesson_number(path: Path) -> int | None:
+    """lessons/01_fsdp_strategies/... -> 1."""
+    m = re.match(r"(\d+)_", path.parent.name)
+    return int(m.group(1)) if m else None
+
+
+def selected(kind: str, name: str, number: int | None, only: list[str]) -> bool:
+    if not only:
+        return True
+    for want in only:
+        m = re.fullmatch(r"lesson(\d+)", want)
+        if m and number is not None and int(m.group(1)) == number:
+            return True
+        if not m and want in f"{kind}:{name}":
+            return True
+    return False
+
+
+def find_items(root: Path, only: list[str]) -> list[tuple[str, str, Path, int | None]]:
+    items = []
+    for lesson_dir in sorted(p for p in (root / "lessons").glob("[0-9][0-9]_*") if p.is_dir()):
+        for nb in sorted(lesson_dir.glob("*.ipynb")):
+            items.append(("notebook", nb.relative_to(root).as_posix(), nb, lesson_number(nb)))
+        script = lesson_dir / "train.py"
+        if script.is_file():
+            n = lesson_number(script)
+            items.append(("script", f"lesson{n}.sh", script, n))
+    return [it for it in items if selected(it[0], it[1], it[3], only)]
+
+
+def run_notebook(path: Path, log: Path, tmp: Path) -> tuple[bool, str]:
+    import nbformat
+    from jupyter_client.manager import KernelManager
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    # IPC sockets in the temporary folder: no TCP ports, no "running over TCP" warning.
+    km = KernelManager(kernel_name="python3", transport="ipc", ip=str(tmp / "kernel-ipc"))
+    client = NotebookClient(
+        nb, km=km, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+    )
+    try:
+        client.execute()
+        return True, ""
+    except Exception as exc:  # CellExecutionError, timeouts, dead kernels: all count as failure
+        message = str(exc)
+        return False, message
+    finally:
+        nbformat.write(nb, log.with_suffix(".ipynb"))
+
+
+def run_script(root: Path, number: int, log: Path, workdir: Path) -> tuple[bool, str]:
+    launcher = root / "launch" / f"lesson{number}.sh"
+    with open(log, "w") as out:
+        try:
+            proc = subprocess.run(
+                ["bash", str(launcher)], cwd=workdir, stdout=out, stderr=subprocess.STDOUT,
+                timeout=SCRIPT_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:
+            return False, f"timed out after {SCRIPT_TIMEOUT_S} s"
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+        return False, f"exit {proc.returncode}: " + " / ".join(tail)
+    return True, ""
+
+
+def main() -> int:
+    repo = Path(__file__).resolve().parent.parent
+    only = [w.strip() for w in os.environ.get("BENCH_ONLY", "").split(",") if w.strip()]
+    tmp = Path(tempfile.mkdtemp(prefix="fsdp-course-bench-"))
+    root = tmp / "repo"
+    shutil.copytree(repo, root, ignore=COPY_IGNORE)
+    logs = tmp / "logs"
+    logs.mkdir()
+    work = tmp / "work"
+    work.mkdir()
+
+    # The copy runs with this interpreter, imports its own fsdp_course, keeps quiz progress
+    # and Jupyter's runtime files in the temporary folder.
+    os.environ["PYTHON"] = sys.executable
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
+    os.environ.setdefault("NPROC", "2")
+    os.environ["FSDP_COURSE_PROGRESS"] = str(tmp / "progress.json")
+    os.environ["JUPYTER_RUNTIME_DIR"] = str(tmp / "jupyter-runtime")
+    os.environ.setdefault("MPLBACKEND", "Agg")
+
+    items = find_items(root, only)
+    if not items:
+        print(f"bench: nothing to run (BENCH_ONLY={os.environ.get('BENCH_ONLY', '')!r})", file=sys.stderr)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return 1
+
+    rows, failures = [], []
+    for kind, name, path, number in items:
+        print(f"bench: {kind} {name} ...", file=sys.stderr, flush=True)
+        log = logs / (re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".log")
+        start = time.perf_counter()
+        if kind == "notebook":
+            ok, why = run_notebook(path, log, tmp)
+            budget = NOTEBOOK_BUDGET_S
+        else:
+            ok, why = run_script(root, number, log, work)
+            budget = None
+        seconds = time.perf_counter() - start
+        if not ok:
+            status = "FAIL"
+            failures.append(f"{kind} {name}: {why.strip().splitlines()[-1] if why.strip() else 'failed'}")
+        elif budget is not None and seconds > budget:
+            status = "SLOW"
+            failures.append(f"{kind} {name}: {seconds:.1f} s, over its {budget:.0f} s budget")
+        else:
+            status = "yes"
+        rows.append((kind, name, f"{seconds:.1f}", "-" if budget is None else f"{budget:.0f}", status))
+
+    total = sum(float(r[2]) for r in rows)
+    header = ("kind", "name", "seconds", "budget", "ok")
+    table = [header, *rows, ("total", "", f"{total:.1f}", "", "yes" if not failures else "no")]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for i, row in enumerate(table):
+        print(" | ".join(cell.ljust(w) if j < 2 else cell.rjust(w) for j, (cell, w) in enumerate(zip(row, widths))))
+        if i == 0 or i == len(table) - 2:
+            print("-+-".join("-" * w for w in widths))
+
+    if failures:
+        print("\nproblems:", file=sys.stderr)
+        for line in failures:
+            print(f"  {line}", file=sys.stderr)
+    if failures or os.environ.get("BENCH_KEEP") == "1":
+        print(f"bench: logs and executed notebooks in {logs}", file=sys.stderr)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# launch/bench.sh: time every lesson notebook (budget: 60 s each) and every lesson script
+# (its launcher with default flags, NPROC=2), then print a table and the total.
+#
+#   bash launch/bench.sh
+#   BENCH_ONLY=lesson1 bash launch/bench.sh     # one lesson (comma-separated list allowed)
+#
+# Runs in a temporary copy of the repository: nothing is written into the repo.
+# PYTHON set: use that interpreter and skip launch/setup.sh; else the venv at ${VENV:-.venv}.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
+
+if [[ -n "${PYTHON:-}" ]]; then
+    PY="$PYTHON"
+else
+    VENV="${VENV:-$COURSE_ROOT/.venv}"
+    export VENV
+    bash "$COURSE_ROOT/launch/setup.sh" --quiet
+    PY="$VENV/bin/python"
+fi
+export NPROC="${NPROC:-2}"
+exec "$PY" "$COURSE_ROOT/launch/bench.py"
