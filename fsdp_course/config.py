@@ -67,3 +67,33 @@ def parse_config(cls, doc: str | None = None, argv: list[str] | None = None):
 def describe(cfg) -> str:
     """The config on one line, echoed once by rank 0."""
     return " ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items())
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """The flags every lesson script shares; a script subclasses it with its own flags:
+
+        @dataclass
+        class Config(TrainConfig):
+            strategy: str = "FULL_SHARD"
+    """
+
+    steps: int = dataclasses.field(default=20, metadata={"help": "optimizer steps"})
+    batch_size: int = dataclasses.field(default=8, metadata={"help": "sequences per rank per step"})
+    lr: float = dataclasses.field(default=3e-3, metadata={"help": "AdamW learning rate"})
+    d_model: int = dataclasses.field(default=128, metadata={"help": "model width"})
+    n_layers: int = dataclasses.field(default=4, metadata={"help": "transformer blocks"})
+    n_heads: int = dataclasses.field(default=4, metadata={"help": "attention heads"})
+    seq_len: int = dataclasses.field(default=64, metadata={"help": "tokens per sequence"})
+    seed: int = dataclasses.field(default=0, metadata={"help": "the same on every rank"})
+    data: str | None = dataclasses.field(default=None, metadata={
+        "help": "train on this text file instead of the generated corpus"})
+    log_every: int = dataclasses.field(default=5, metadata={"help": "print a metric line every N steps"})
+    metrics: str | None = dataclasses.field(default=None, metadata={
+        "help": "rank 0 writes the metrics JSON here"})
+
+    def model_config(self, vocab_size: int):
+        """The GPT's sizes from these flags (the vocabulary comes from the data)."""
+        from fsdp_course.model import ModelConfig
+
+        return ModelConfig(vocab_size, self.seq_len, self.d_model, self.n_layers, self.n_heads)

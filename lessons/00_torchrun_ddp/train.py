@@ -14,41 +14,25 @@ gradients and optimizer state, and all-reduces every gradient byte each step.
 import os
 import socket
 import time
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from fsdp_course import theory
-from fsdp_course.config import describe, parse_config
+from fsdp_course.config import TrainConfig, describe, parse_config
 from fsdp_course.data import load_data
 from fsdp_course.dist import distributed, mean_over_ranks
 from fsdp_course.measure import MiB, CommCounter, activation_bytes, state_bytes
-from fsdp_course.model import GPT, ModelConfig, lm_loss, num_params
+from fsdp_course.model import GPT, lm_loss, num_params
 from fsdp_course.report import MetricLogger, table, write_metrics
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                  "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT")
 
 
-@dataclass
-class Config:
-    steps: int = field(default=20, metadata={"help": "optimizer steps"})
-    batch_size: int = field(default=8, metadata={"help": "sequences per rank per step"})
-    lr: float = field(default=3e-3, metadata={"help": "AdamW learning rate"})
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
-    seq_len: int = 64
-    seed: int = 0
-    data: str | None = field(default=None, metadata={"help": "train on this text file instead"})
-    log_every: int = field(default=5, metadata={"help": "print a metric line every N steps"})
-    metrics: str | None = field(default=None, metadata={"help": "rank 0 writes metrics JSON here"})
-
-
 def main() -> None:
-    cfg = parse_config(Config, __doc__)
+    cfg = parse_config(TrainConfig, __doc__)  # lesson 0 needs only the shared flags
     with distributed(seed=cfg.seed) as env:
         # --- setup: what torchrun told each process --------------------------------------
         mine = {name: os.environ.get(name, "") for name in TORCHRUN_VARS}
@@ -61,7 +45,7 @@ def main() -> None:
 
         # --- model: the same seed on every rank gives the same initial weights -------------
         data = load_data(cfg.data, seed=cfg.seed)
-        model = GPT(ModelConfig(data.vocab_size, cfg.seq_len, cfg.d_model, cfg.n_layers, cfg.n_heads))
+        model = GPT(cfg.model_config(data.vocab_size))
         reference = GPT(model.cfg)  # single-process copy, to check DDP's gradients against
         reference.load_state_dict(model.state_dict())
         model.to(env.device)

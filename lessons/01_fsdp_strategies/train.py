@@ -24,33 +24,22 @@ from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
 from fsdp_course import theory
-from fsdp_course.config import describe, parse_config
+from fsdp_course.config import TrainConfig, describe, parse_config
 from fsdp_course.data import load_data
 from fsdp_course.dist import CourseError, distributed, mean_over_ranks
 from fsdp_course.measure import (MiB, CommCounter, GatheredParamTracker, activation_bytes,
                                  state_bytes)
-from fsdp_course.model import GPT, Block, ModelConfig, lm_loss
+from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import MetricLogger, table, write_metrics
 
 
 @dataclass
-class Config:
+class Config(TrainConfig):
     strategy: str = field(default="FULL_SHARD", metadata={
         "help": f"one of {', '.join(theory.STRATEGIES)}, or several separated by commas"})
     replicas: int = field(default=2, metadata={"help": "HYBRID_SHARD: replica groups (mesh rows)"})
     mixed_precision: bool = field(default=False, metadata={
         "help": "compute and communicate in bf16; the sharded master weights stay fp32"})
-    steps: int = field(default=20, metadata={"help": "optimizer steps"})
-    batch_size: int = field(default=8, metadata={"help": "sequences per rank per step"})
-    lr: float = field(default=3e-3, metadata={"help": "AdamW learning rate"})
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
-    seq_len: int = 64
-    seed: int = 0
-    data: str | None = field(default=None, metadata={"help": "train on this text file instead"})
-    log_every: int = field(default=5, metadata={"help": "print a metric line every N steps"})
-    metrics: str | None = field(default=None, metadata={"help": "rank 0 writes metrics JSON here"})
 
 
 def train(cfg: Config, strategy: str, env, data) -> dict:
@@ -64,7 +53,7 @@ def train(cfg: Config, strategy: str, env, data) -> dict:
 
     # --- model: the same initial weights on every rank (same seed on every rank) ----------
     torch.manual_seed(cfg.seed)
-    model = GPT(ModelConfig(data.vocab_size, cfg.seq_len, cfg.d_model, cfg.n_layers, cfg.n_heads))
+    model = GPT(cfg.model_config(data.vocab_size))
     unit_numels = theory.fsdp_unit_numels(model, Block)  # root first, then one per block
 
     # --- shard: every Block becomes its own FSDP unit; the rest goes to the root unit -------
