@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from fsdp_course.dist import CourseError
+
 ADJECTIVES = ["quick", "lazy", "red", "small", "old", "bright", "quiet", "happy"]
 NOUNS = ["fox", "dog", "cat", "bird", "gpu", "rank", "shard", "model"]
 VERBS = ["sees", "likes", "sends", "gathers", "follows", "helps"]
@@ -63,10 +65,10 @@ def load_data(path: str | None = None, seed: int = 0, min_chars: int = 1000) -> 
     if path:
         file = Path(path)
         if not file.is_file():
-            raise FileNotFoundError(f"--data {path}: no such file")
+            raise CourseError(f"--data {path}: no such file")
         text = file.read_text(encoding="utf-8", errors="replace")
         if len(text) < min_chars:
-            raise ValueError(f"--data {path}: {len(text)} characters; need at least {min_chars}")
+            raise CourseError(f"--data {path}: {len(text)} characters; need at least {min_chars}")
     else:
         text = grammar_text(seed=seed)
     vocab = "".join(sorted(set(text)))

@@ -54,3 +54,19 @@ def test_plain_python_says_how_to_launch_and_exits_2():
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "torchrun" in lines[0] and "launch/lesson0.sh" in lines[0]
+
+
+def test_trains_on_any_text_file(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("FSDP shards parameters, gradients and optimizer state. " * 200)
+    proc, m = launch(0, "--data", corpus, "--steps", "6", nproc=2, tmp=tmp_path)
+    ok(proc)
+    assert m["config"]["data"] == str(corpus)
+    assert m["results"]["loss_last"] < m["results"]["loss_first"]
+
+
+def test_missing_data_file_is_one_line(tmp_path):
+    proc, _ = launch(0, "--data", tmp_path / "nope.txt", "--steps", "1", nproc=2, tmp=tmp_path)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "nope.txt" in errors[0] and "Traceback" not in proc.stderr

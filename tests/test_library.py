@@ -12,6 +12,7 @@ from conftest import run_cmd
 from fsdp_course import theory
 from fsdp_course.config import parse_config
 from fsdp_course.data import load_data
+from fsdp_course.dist import CourseError
 from fsdp_course.model import GPT, Block, ModelConfig, num_params
 
 SCRIPT = textwrap.dedent("""
@@ -89,7 +90,7 @@ def test_data_from_a_text_file(tmp_path):
     data = load_data(str(text))
     assert data.vocab == "".join(sorted(set("hello fsdp world. ")))
     assert data.decode(data.tokens[:5].tolist()) == "hello"
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(CourseError, match="no such file"):
         load_data(str(tmp_path / "missing.txt"))
 
 
