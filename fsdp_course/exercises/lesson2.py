@@ -36,7 +36,7 @@ def policy_source(fn) -> str:
     to ``train.py --policy-file``. Raises ValueError for what cannot be written out."""
     if getattr(fn, "__name__", "<lambda>") == "<lambda>" or not inspect.isfunction(fn):
         raise ValueError("write the policy as `def policy(module, recurse, nonwrapped_numel):`")
-    header = []
+    header, constants = [], []
     for name in sorted(_global_names(fn.__code__)):
         if name not in fn.__globals__:
             continue  # a builtin (isinstance, ...)
@@ -47,13 +47,13 @@ def policy_source(fn) -> str:
               and value.__module__ not in (None, "__main__") and "." not in value.__qualname__):
             header.append(f"from {value.__module__} import {value.__qualname__} as {name}")
         elif isinstance(value, CONSTANT_TYPES):
-            header.append(f"{name} = {value!r}")
+            constants.append(f"{name} = {value!r}")
         else:
             raise ValueError(f"the policy uses {name!r}, which was defined in the notebook: "
                              "import it inside the function, or define it there")
     source = textwrap.dedent(inspect.getsource(fn))
     alias = "" if fn.__name__ == "policy" else f"\npolicy = {fn.__name__}\n"
-    return "\n".join(header) + "\n\n\n" + source + alias
+    return "\n".join(header + constants) + "\n\n\n" + source + alias
 
 
 def check_wrap_policy(policy, launch: bool = True, nproc: int = 2, steps: int = 2,
@@ -83,8 +83,9 @@ def check_wrap_policy(policy, launch: bool = True, nproc: int = 2, steps: int = 
                        "each DecoderLayer whole; smaller units inside it only add collectives.")
     root = units[0][2]
     if root >= min(layers.values()):
-        left = [n for n, m in model.named_children() if n not in names
-                and sum(p.numel() for p in m.parameters()) >= min(layers.values())]
+        covered = {id(p) for _, m, _ in units[1:] for p in m.parameters()}
+        left = [n for n, m in model.named_children()
+                if sum(p.numel() for p in m.parameters() if id(p) not in covered) >= 100_000]
         return False, (f"the root unit keeps {root:,} parameters ({', '.join(left) or 'leftovers'}),"
                        f" more than a layer ({min(layers.values()):,}), and the root stays gathered "
                        "for the whole step: give the large embedding and output head units of "
