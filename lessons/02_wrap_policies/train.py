@@ -30,18 +30,18 @@ from torch.distributed.fsdp.wrap import (lambda_auto_wrap_policy, size_based_aut
                                          transformer_auto_wrap_policy)
 
 from fsdp_course import theory, wrapping
-from fsdp_course.config import describe, parse_config
+from fsdp_course.config import TrainConfig, describe, parse_config
 from fsdp_course.data import load_data
 from fsdp_course.dist import CourseError, distributed, mean_over_ranks
 from fsdp_course.measure import MiB, CommCounter, GatheredParamTracker, activation_bytes, state_bytes
-from fsdp_course.model import GPT, Block, ModelConfig, lm_loss
+from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import MetricLogger, table, write_metrics
 
 WRAPS = ("none", "transformer", "size", "custom")  # size:N = size with --min-params N
 
 
 @dataclass
-class Config:
+class Config(TrainConfig):
     wrap: str = field(default="none,transformer", metadata={
         "help": f"one of {', '.join(WRAPS)} (size:N: threshold N), or several separated by "
                 "commas (run one after another)"})
@@ -52,16 +52,6 @@ class Config:
     model: str = field(default="gpt", metadata={
         "choices": ("gpt", "staged"), "help": "gpt: the course GPT; staged: the exercise model"})
     steps: int = field(default=10, metadata={"help": "optimizer steps per policy"})
-    batch_size: int = field(default=8, metadata={"help": "sequences per rank per step"})
-    lr: float = field(default=3e-3, metadata={"help": "AdamW learning rate"})
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
-    seq_len: int = 64
-    seed: int = 0
-    data: str | None = field(default=None, metadata={"help": "train on this text file instead"})
-    log_every: int = field(default=5, metadata={"help": "print a metric line every N steps"})
-    metrics: str | None = field(default=None, metadata={"help": "rank 0 writes metrics JSON here"})
 
 
 def make_policy(wrap: str, cfg: Config, custom_policy):
@@ -87,7 +77,7 @@ def build_model(cfg: Config, data) -> nn.Module:
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     if cfg.model == "staged":
         return wrapping.staged_lm(cfg.seq_len, cfg.d_model, cfg.n_layers, cfg.n_heads)
-    return GPT(ModelConfig(data.vocab_size, cfg.seq_len, cfg.d_model, cfg.n_layers, cfg.n_heads))
+    return GPT(cfg.model_config(data.vocab_size))
 
 
 def fsdp_units(model: FSDP, world_size: int) -> list[dict]:
