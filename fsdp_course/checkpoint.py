@@ -149,9 +149,19 @@ def describe_tree(tree, prefix: str = "", limit: int | None = None) -> list[dict
     return rows[:limit] if limit else rows
 
 
-def _digest(t: torch.Tensor) -> str:
-    t = t.detach().cpu().contiguous()
+def digest(t: torch.Tensor) -> str:
+    t = t.detach().cpu().reshape(-1).contiguous()
     return hashlib.sha256(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"").hexdigest()[:16]
+
+
+def quiet_state_dict_warnings() -> None:
+    """Silence internal deprecation chatter that classic FSDP's state-dict code repeats on every
+    call in torch 2.13 (``_get_pg_default_device``, "Multiple backends", ShardedTensor)."""
+    import warnings
+
+    for message in (".*_get_pg_default_device.*", ".*Multiple backends are registered.*",
+                    ".*Please use DTensor instead and we are deprecating ShardedTensor.*"):
+        warnings.filterwarnings("ignore", message=message)
 
 
 def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
@@ -164,13 +174,13 @@ def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None 
                                                          get_optimizer_state_dict)
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=False)
-    result = {f"model.{k}": _digest(v) for k, v in get_model_state_dict(model, options=options).items()}
+    result = {f"model.{k}": digest(v) for k, v in get_model_state_dict(model, options=options).items()}
     if optimizer is not None:
         osd = get_optimizer_state_dict(model, optimizer, options=options)
         for name, state in osd["state"].items():
             for k, v in state.items():
                 if torch.is_tensor(v):
-                    result[f"optim.{name}.{k}"] = _digest(v)
+                    result[f"optim.{name}.{k}"] = digest(v)
     return result
 
 
