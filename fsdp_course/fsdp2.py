@@ -52,6 +52,21 @@ class CategoryPeakTracker(FSDPMemTracker):
         super().__init__(mod, optm)
         self.running_max: dict[str, int] = {}
 
+    def _fsdp_state_pre_forward(self, fsdp_mod, orig_fsdp_state_pre_fw):
+        # FSDPMemTracker refuses a second forward of the root in one tracked region (gradient
+        # accumulation runs several): forget the per-module stats of the previous forward
+        # first. The per-category and total peaks are kept.
+        inner = super()._fsdp_state_pre_forward(fsdp_mod, orig_fsdp_state_pre_fw)
+        if fsdp_mod is not self._root_mod:
+            return inner
+
+        def forget_previous_forward(*args, **kwargs):
+            if fsdp_mod in self.memory_tracking and not self._mod_tracker.is_bw:
+                self.reset_mod_stats()
+            return inner(*args, **kwargs)
+
+        return forget_previous_forward
+
     def _update_snap(self, *args, **kwargs) -> None:  # called on every allocation / free
         super()._update_snap(*args, **kwargs)
         for dev_snap in self._curr_mem_snap.values():
@@ -230,11 +245,13 @@ class MemoryProbe:
         return self
 
     def before_zero_grad(self) -> None:
-        """Classic FSDP: count parameters, gradients and optimizer state while grads exist."""
-        if self.enabled and not self.fsdp2:
+        """Count parameters, gradients and optimizer state from the tensors while gradients
+        exist (both APIs, so the columns compare; FSDPMemTracker's own optimizer category also
+        holds step() temporaries: kept as ``optimizer_step``)."""
+        if self.enabled:
             from fsdp_course.measure import state_bytes
 
-            self.peaks.update(state_bytes(self.model, self.optimizer))
+            self.state = state_bytes(self.model, self.optimizer)
 
     def __exit__(self, *exc):
         self._stack.close()
@@ -242,7 +259,10 @@ class MemoryProbe:
             return False
         if self.fsdp2:
             self.peaks.update(self.tracker.category_peaks())
+            self.peaks["optimizer_step"] = self.peaks["optimizer"]
+            self.peaks.update(self.state)
         else:
+            self.peaks.update(self.state)
             self.peaks.update(gathered=self.gathered.peak, activations=self.activations["bytes"])
             self.peaks["peak"] = sum(self.peaks[k] for k in SUM_KEYS)
         self.peaks["sum"] = sum(self.peaks.get(k, 0) for k in SUM_KEYS)
@@ -290,7 +310,7 @@ def variant_label(cfg) -> str:
     parts += ["bf16"] * cfg.mixed_precision + [f"prefetch={cfg.prefetch}"] * bool(cfg.prefetch)
     parts += [f"accum={cfg.grad_accum}"] * (cfg.grad_accum > 1) + ["offload"] * cfg.cpu_offload
     parts += ["compile"] * cfg.compile + [f"bug={cfg.bug}"] * bool(cfg.bug)
-    parts += ["shard-module"] * bool(cfg.shard_module)
+    parts += [f"hsdp {cfg.replicas}x"] * (cfg.replicas > 1) + ["shard-module"] * bool(cfg.shard_module)
     return " ".join(parts)
 
 
@@ -331,6 +351,10 @@ def validate(cfg, world_size: int) -> None:
             raise ValueError("api=classic: reshard-after-forward true (FULL_SHARD) or false (SHARD_GRAD_OP)")
     if reshard is not True and reshard is not False and (reshard > world_size or world_size % reshard):
         raise ValueError(f"--reshard-after-forward {reshard}: must divide the {world_size} ranks")
+    if cfg.replicas < 1 or world_size % cfg.replicas:
+        raise ValueError(f"--replicas {cfg.replicas}: must divide the {world_size} ranks")
+    if cfg.api == "classic" and cfg.replicas > 1:
+        raise ValueError("api=classic: --replicas is for fully_shard here (lesson 1 has HYBRID_SHARD)")
     if cfg.grad_accum < 1 or cfg.steps < 1 or cfg.prefetch < 0:
         raise ValueError("--grad-accum and --steps must be >= 1, --prefetch >= 0")
 
@@ -379,12 +403,14 @@ def dtensor_table(rows: list[dict], brief: bool = False) -> list[dict]:
 
 
 def comparison_rows(runs: list[dict]) -> list[dict]:
-    """One row per run: memory categories (MiB, rank 0), collective MiB, ms per step, loss."""
+    """One row per trained run: memory categories (MiB, rank 0), collective MiB, ms per step, loss."""
     rows = []
     for run in runs:
+        if not run.get("history"):  # a variant that stopped before training (compile-whole)
+            continue
         mem, comm = run["memory"], run["collectives"]
         row = {"run": run["label"]}
-        for key in (*SUM_KEYS, "peak"):
+        for key in (*SUM_KEYS, "all_gather_buffer", "unsharded_grads", "peak"):
             row[key] = round(mem[key] / 2 ** 20, 3) if key in mem else "-"
         row["all_gather MiB"] = round(comm.get("all_gather", {}).get("bytes", 0) / 2 ** 20, 3)
         row["reduce_scatter MiB"] = round(comm.get("reduce_scatter", {}).get("bytes", 0) / 2 ** 20, 3)
