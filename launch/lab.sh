@@ -11,6 +11,7 @@
 #                     token lets anyone who reaches the port run code as you)
 #   LAB_OPEN_BROWSER  1: open a browser too (default: just print the URL)
 #   LAB_DRY_RUN       1: print the jupyter command and exit
+#   LAB_ROOT_DIR      folder to serve (default: the course folder; tests serve a temporary copy)
 #   PYTHON            use this interpreter and skip launch/setup.sh (e.g. inside a conda env)
 #   VENV              the venv launch/setup.sh makes and this script uses (default .venv)
 set -euo pipefail
@@ -68,14 +69,15 @@ PY
 )
 fi
 
-if [[ -f "$COURSE_ROOT/lessons/home.ipynb" ]]; then
+ROOT_DIR="${LAB_ROOT_DIR:-$COURSE_ROOT}"
+if [[ -f "$ROOT_DIR/lessons/home.ipynb" ]]; then
     HOME_PAGE="lessons/home.ipynb"
 else
     HOME_PAGE="README.md"
 fi
 
 cmd=("$PY" -m jupyterlab
-     --ServerApp.root_dir="$COURSE_ROOT"
+     --ServerApp.root_dir="$ROOT_DIR"
      --ip="$IP" --port="$PORT"
      --IdentityProvider.token="$TOKEN"
      --LabApp.default_url="/lab/tree/$HOME_PAGE")

@@ -49,7 +49,7 @@ def test_pyproject_basics():
                    "nbval", "pytest", "matplotlib"]:
         assert needed in names
     pytest_cfg = pyproject()["tool"]["pytest"]["ini_options"]
-    assert pytest_cfg["testpaths"] == ["tests"]
+    assert pytest_cfg["testpaths"] == ["tests", "lessons"]  # lessons: nbval runs the notebooks
     assert "-ra" in pytest_cfg["addopts"]
     assert {m.split(":")[0] for m in pytest_cfg["markers"]} >= {"slow", "browser"}
 

@@ -29,11 +29,11 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from fsdp_course import fsdp2
-from fsdp_course.config import describe, parse_config
+from fsdp_course.config import TrainConfig, describe, parse_config
 from fsdp_course.data import load_data
 from fsdp_course.dist import CourseError, distributed, mean_over_ranks
 from fsdp_course.measure import MiB, CommCounter, local_tensor
-from fsdp_course.model import GPT, Block, ModelConfig, lm_loss
+from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import MetricLogger, table, write_metrics
 
 BUGS = ("meta-buffers", "optimizer-first", "compile-whole")
@@ -44,7 +44,7 @@ warnings.filterwarnings("ignore", message=".*returned a view tensor")
 
 
 @dataclass
-class Config:
+class Config(TrainConfig):
     api: str = field(default="fsdp2", metadata={"choices": ("fsdp2", "classic"),
                      "help": "fsdp2: fully_shard; classic: lesson 1's FullyShardedDataParallel"})
     reshard_after_forward: str = field(default="true", metadata={
@@ -66,17 +66,6 @@ class Config:
         "help": "a .py file defining shard(model, mesh), called instead of the fully_shard calls"})
     variants: str | None = field(default=None, metadata={
         "help": "several runs in one launch: 'api=classic;prefetch=2,mixed-precision=true'"})
-    steps: int = field(default=20, metadata={"help": "optimizer steps"})
-    batch_size: int = field(default=8, metadata={"help": "sequences per rank per micro-batch"})
-    lr: float = field(default=3e-3, metadata={"help": "AdamW learning rate"})
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
-    seq_len: int = 64
-    seed: int = 0
-    data: str | None = field(default=None, metadata={"help": "train on this text file instead"})
-    log_every: int = field(default=5, metadata={"help": "print a metric line every N steps"})
-    metrics: str | None = field(default=None, metadata={"help": "rank 0 writes metrics JSON here"})
 
 
 def build_fsdp2(cfg, env, mesh, model_cfg, shard_fn=None):
@@ -248,8 +237,7 @@ def main() -> None:
         shard_fn = fsdp2.load_shard_fn(cfg.shard_module) if cfg.shard_module else None
         # The single-process reference: the same seed on every rank gives the same weights.
         torch.manual_seed(cfg.seed)
-        reference = GPT(ModelConfig(data.vocab_size, cfg.seq_len, cfg.d_model, cfg.n_layers,
-                                    cfg.n_heads)).to(env.device)
+        reference = GPT(cfg.model_config(data.vocab_size)).to(env.device)
 
         runs = [train(v, env, data, mesh, reference, shard_fn) for v in variants]
 

@@ -1,0 +1,510 @@
+"""The course in a real browser: JupyterLab started by ``bash launch/lab.sh``, driven by headless
+Chromium through Playwright.
+
+Widgets that render under nbclient but not in JupyterLab (ipywidgets and its lab extension out of
+step, feedback printed to the log console instead of the cell) only show up here. The server runs
+lab.sh's own command on a free loopback port with a known token, serving a temporary copy of the
+notebooks (JupyterLab writes .ipynb_checkpoints) with the quiz progress file in that folder too.
+
+Needs Debian's ``chromium`` (``apt-get install chromium``; .ci/run installs it when it can) and
+the ``playwright`` Python package; never ``playwright install``: the system Chromium is used.
+Without them the browser tests are skipped and say why (``pytest -ra``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import nbformat
+import pytest
+
+from conftest import REPO_ROOT
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--disable-dev-shm-usage"]
+WAIT_MS = 30_000          # Playwright's default of 5 s is too short for kernels and widgets
+CHECK_NB = "browser_check.ipynb"
+LESSON0 = "lessons/00_torchrun_ddp/00_torchrun_ddp.ipynb"
+# What JupyterLab shows instead of a widget when ipywidgets and its lab extension disagree
+# (or no widget manager is there at all).
+WIDGET_FAILURES = ["Error displaying widget", "Failed to load model class", "Loading widget...",
+                   "VBox(children=", "Error creating widget"]
+
+
+# --- Chromium and Playwright ---------------------------------------------------------------------
+
+def chromium_path() -> str | None:
+    """$COURSE_CHROMIUM when set (only it), else Debian's chromium."""
+    if os.environ.get("COURSE_CHROMIUM"):
+        candidates = [os.environ["COURSE_CHROMIUM"]]
+    else:
+        candidates = ["/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")]
+    for candidate in candidates:
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    exe = chromium_path()
+    if exe is None:
+        pytest.skip(f"no Chromium at {os.environ.get('COURSE_CHROMIUM') or '/usr/bin/chromium'}: "
+                    "install Debian's package (apt-get install chromium; .ci/run does where it "
+                    "can) or set COURSE_CHROMIUM=/path/to/chromium")
+    try:
+        from playwright.sync_api import expect, sync_playwright
+    except ImportError:
+        pytest.skip("the playwright Python package is missing (pip install playwright; "
+                    "bash launch/setup.sh installs it). Do not run `playwright install`")
+    expect.set_options(timeout=WAIT_MS)
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=exe, headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+# --- JupyterLab through launch/lab.sh ------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(url: str, headers: dict | None = None) -> tuple[int, str, str]:
+    """(status, final url, body) of a GET, without raising on 4xx/5xx."""
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.url, r.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, url, e.read().decode("utf-8", "replace")
+
+
+def check_notebook() -> nbformat.NotebookNode:
+    """A small notebook with the course's real quiz widget and a plot drawn with course code
+    (a whole lesson takes 30-60 s to run)."""
+    quiz = 'import quizzes\n\nquiz = quizzes.show("lesson0")'
+    plot = """\
+import matplotlib.pyplot as plt
+from fsdp_course import theory
+
+units = [200_000] + [150_000] * 4          # a root unit and four transformer blocks
+ranks = [1, 2, 4, 8]
+fig, ax = plt.subplots(figsize=(5, 3))
+for strategy in theory.STRATEGIES[:3]:
+    per_rank = [sum(theory.model_state_bytes(units, n, strategy).values()) / 2**20 for n in ranks]
+    ax.plot(ranks, per_rank, "o-", label=strategy)
+ax.set_xlabel("ranks"); ax.set_ylabel("model state MiB / rank"); ax.legend()
+plt.tight_layout(); plt.show()"""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(quiz),
+                                         nbformat.v4.new_code_cell(plot)])
+    for cell, cid in zip(nb.cells, ["quiz", "plot"]):
+        cell.id = cid
+    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
+                                  "language": "python"}}
+    return nb
+
+
+def serve_copy(dest: Path) -> None:
+    """The repository's notebooks (not .ipynb_checkpoints) under dest, plus the check notebook."""
+    for nb in (REPO_ROOT / "lessons").rglob("*.ipynb"):
+        if ".ipynb_checkpoints" in nb.parts:
+            continue
+        target = dest / nb.relative_to(REPO_ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(nb, target)
+    nbformat.write(check_notebook(), dest / CHECK_NB)
+
+
+def write_settings(settings: Path) -> None:
+    # The "get notified about official Jupyter news?" pop-up would cover part of the page.
+    notes = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    notes.parent.mkdir(parents=True, exist_ok=True)
+    notes.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False,
+                                 "doNotDisturbMode": True}))
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM (the server shuts its kernels down), wait, then kill."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """JupyterLab as `bash launch/lab.sh` starts it, on a free loopback port with a token."""
+    tmp = tmp_path_factory.mktemp("lab")
+    root, settings = tmp / "course", tmp / "settings"
+    serve_copy(root)
+    write_settings(settings)
+    token = secrets.token_hex(16)
+    progress = tmp / "progress.json"
+    env = dict(os.environ)
+    for var in ("LAB_IP", "LAB_OPEN_BROWSER", "LAB_DRY_RUN", "JUPYTER_TOKEN", "JUPYTER_PASSWORD"):
+        env.pop(var, None)
+    env.update({
+        "LAB_PORT": str(free_port()), "LAB_TOKEN": token, "LAB_ROOT_DIR": str(root),
+        "PYTHON": sys.executable,               # the test's interpreter; lab.sh skips setup.sh
+        "FSDP_COURSE_PROGRESS": str(progress),
+        "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
+        "JUPYTER_CONFIG_DIR": str(tmp / "config"),  # no personal jupyter config (passwords ...)
+    })
+    log_path = tmp / "lab.log"
+    log = open(log_path, "w")
+    cmd = ["bash", str(REPO_ROOT / "launch" / "lab.sh"),
+           f"--LabApp.user_settings_dir={settings}",
+           f"--LabApp.workspaces_dir={tmp / 'workspaces'}",
+           "--ServerApp.port_retries=0"]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+    def log_tail() -> str:
+        return "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-30:])
+
+    try:
+        base = None
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"launch/lab.sh exited with {proc.returncode}:\n{log_tail()}")
+            if base is None:
+                # lab.sh prints the URL to open, token included: the port is read from it.
+                m = re.search(r"http://127\.0\.0\.1:(\d+)/lab/tree/(\S+)\?token=" + token,
+                              log_path.read_text(errors="replace"))
+                if m:
+                    base, home = f"http://127.0.0.1:{m.group(1)}", m.group(2)
+            if base is not None:
+                try:
+                    if http(f"{base}/api/status?token={token}")[0] == 200:
+                        break
+                except OSError:
+                    pass
+            time.sleep(0.3)
+        else:
+            pytest.fail(f"JupyterLab from launch/lab.sh not ready in 90 s:\n{log_tail()}")
+        yield SimpleNamespace(base=base, token=token, root=root, progress=progress, home=home,
+                              proc=proc, log=log_path, tmp=tmp, log_tail=log_tail)
+    finally:
+        stop(proc)
+        log.close()
+
+
+def read_progress(lab) -> dict:
+    try:
+        return json.loads(lab.progress.read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def wait_for(predicate, timeout=15.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+# --- Server safety (no browser needed) -----------------------------------------------------------
+
+def test_lab_sh_serves_loopback_only_with_a_token(lab):
+    status, _, _ = http(f"{lab.base}/api/contents")
+    assert status == 403, f"unauthenticated GET /api/contents answered {status}, not 403"
+    assert http(f"{lab.base}/api/contents?token=wrong{lab.token}")[0] == 403
+    assert http(f"{lab.base}/api/contents?token={lab.token}")[0] == 200
+    assert http(f"{lab.base}/api/contents", {"Authorization": f"token {lab.token}"})[0] == 200
+
+    # Loopback only: the same port on this machine's other addresses refuses connections.
+    port = int(lab.base.rsplit(":", 1)[1])
+    others = set()
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # no packet is sent; picks the outgoing interface
+            others.add(s.getsockname()[0])
+    except OSError:
+        pass
+    others = {a for a in others if not a.startswith("127.")}
+    for addr in others:
+        with socket.socket() as s:
+            s.settimeout(2)
+            assert s.connect_ex((addr, port)) != 0, f"JupyterLab answers on {addr}:{port}"
+
+    # lab.sh opens the course home page by default.
+    assert lab.home == "lessons/home.ipynb"
+    status, final, _ = http(f"{lab.base}/?token={lab.token}")
+    assert status == 200 and "/lab/tree/lessons/home.ipynb" in final, final
+
+
+# --- Browser helpers -----------------------------------------------------------------------------
+
+def new_page(browser, lab):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(WAIT_MS)
+    page.console_lines = []
+    page.on("console", lambda m: page.console_lines.append(f"{m.type}: {m.text}"))
+    return page
+
+
+def open_notebook(page, lab, path: str):
+    from playwright.sync_api import expect
+
+    # A workspace of its own per page: JupyterLab would otherwise reopen the tabs of earlier pages.
+    page.goto(f"{lab.base}/lab/workspaces/test-{secrets.token_hex(4)}/tree/{path}?token={lab.token}")
+    panel = page.locator(".jp-NotebookPanel:visible")
+    expect(panel).to_have_count(1)
+    wait_kernel_idle(page)
+    return panel
+
+
+def wait_kernel_idle(page, timeout_ms=90_000):
+    # The toolbar indicator alone is unreliable while the kernel starts: check the status bar too.
+    page.wait_for_function(
+        """() => {
+            const panel = [...document.querySelectorAll('.jp-NotebookPanel')]
+                .find(p => p.checkVisibility());
+            const ind = panel && panel.querySelector('.jp-Notebook-ExecutionIndicator');
+            const bar = document.querySelector('#jp-main-statusbar span[title^="Change kernel"]');
+            if (!ind || !bar) return false;
+            const text = bar.textContent.trim();
+            return ind.getAttribute('data-status') === 'idle' && text.endsWith('| Idle')
+                   && !text.startsWith('No Kernel');
+        }""", timeout=timeout_ms)
+
+
+def run_all(page):
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
+
+
+def run_cell(page, panel, index: int):
+    """Select cell `index` (0-based, markdown cells included) and run it with Shift+Enter."""
+    cell = panel.locator(".jp-Notebook .jp-Cell").nth(index)
+    cell.scroll_into_view_if_needed()
+    cell.locator(".jp-InputPrompt").first.click()
+    page.keyboard.press("Shift+Enter")
+    return cell
+
+
+def wait_cell_done(cell, timeout_ms=120_000):
+    """Until the cell's prompt shows an execution count ([3]:, not [*]: or [ ]:)."""
+    cell.locator(".jp-InputPrompt").first.filter(has_text=re.compile(r"\[\d+\]")).wait_for(
+        timeout=timeout_ms)
+
+
+def assert_no_widget_failure(page, where):
+    text = where.inner_text()
+    for bad in WIDGET_FAILURES:
+        assert bad not in text, f"the page shows {bad!r} instead of the quiz widget:\n{text[:2000]}"
+    broken = [line for line in page.console_lines
+              if re.search(r"Failed to load model class|Could not create a view|"
+                           r"Class .* not found in module", line)]
+    assert not broken, "widget errors in the browser console:\n" + "\n".join(broken)
+
+
+def lesson0_facts():
+    import quizzes
+
+    bank = quizzes.load_bank("lesson0")
+    q = next(q for q in bank.questions if q.type == "single")
+    correct = q.secret["correct"]
+    wrong = next(o.id for o in q.options if o.id != correct)
+    graded = sum(1 for x in bank.questions if x.type != "code")
+    return bank, q, correct, wrong, graded
+
+
+def choose(box, q, option_id):
+    index = [o.id for o in q.options].index(option_id)
+    box.locator(".widget-radio-box input[type=radio]").nth(index).check()
+
+
+# --- The quiz and a plot in the browser ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def check_page(browser, lab):
+    """The small check notebook, opened and run once (Run -> Run All Cells)."""
+    from playwright.sync_api import expect
+
+    page = new_page(browser, lab)
+    panel = open_notebook(page, lab, CHECK_NB)
+    run_all(page)
+    cells = panel.locator(".jp-Notebook .jp-Cell")
+    for i in range(2):
+        wait_cell_done(cells.nth(i))
+    page.screenshot(path=str(lab.tmp / "check_notebook.png"), full_page=True)
+    assert_no_widget_failure(page, panel)
+    expect(panel.locator(".quiz-root")).to_have_count(1)
+    expect(panel.locator(".jp-OutputArea-output img")).to_have_count(1)
+    yield SimpleNamespace(page=page, panel=panel)
+    page.close()
+
+
+@pytest.mark.browser
+def test_quiz_feedback_and_score_show_in_the_cell(check_page, lab):
+    from playwright.sync_api import expect
+    import quizzes
+
+    page, panel = check_page.page, check_page.panel
+    bank, q, correct, wrong, graded = lesson0_facts()
+    root = panel.locator(".quiz-root")
+    assert_no_widget_failure(page, panel)
+    expect(root.locator(".quiz-question")).to_have_count(len(bank.questions))
+    expect(root).to_contain_text(bank.title["en"])
+    score = root.locator(".quiz-score")
+    expect(score).to_have_text(f"Score: 0 / {graded}")
+
+    box = root.locator(f".quiz-q-{q.id}")
+    expect(box).to_contain_text(q.prompt["en"])
+    feedback = box.locator(".quiz-feedback")
+
+    # A wrong answer: the feedback explains why, in the cell (not in the log console).
+    choose(box, q, wrong)
+    box.get_by_role("button", name="Check").click()
+    expect(feedback).to_have_text(quizzes.grade("lesson0", q.id, wrong, lang="en").feedback)
+    expect(feedback).to_contain_text("Not quite.")
+    expect(score).to_have_text(f"Score: 0 / {graded}")
+
+    # The right answer: feedback and score change.
+    choose(box, q, correct)
+    box.get_by_role("button", name="Check").click()
+    expect(feedback).to_have_text(quizzes.grade("lesson0", q.id, correct, lang="en").feedback)
+    expect(feedback).to_contain_text("Correct.")
+    expect(score).to_have_text(f"Score: 1 / {graded}")
+    page.screenshot(path=str(lab.tmp / "quiz_answered.png"), full_page=True)
+
+    rec = wait_for(lambda: read_progress(lab).get("lessons", {}).get("lesson0", {}).get(q.id),
+                   what="the answer in the progress file")
+    assert rec["attempts"] == 2 and rec["correct"] is True and rec["best_score"] == 1.0
+
+
+@pytest.mark.browser
+def test_plot_renders_and_is_not_blank(check_page, lab):
+    from PIL import Image, ImageStat
+
+    img = check_page.panel.locator(".jp-OutputArea-output img")
+    img.scroll_into_view_if_needed()
+    size = img.evaluate("i => [i.naturalWidth, i.naturalHeight, i.complete]")
+    assert size[2] and size[0] > 100 and size[1] > 100, f"the figure did not load: {size}"
+    shot = lab.tmp / "plot.png"
+    img.screenshot(path=str(shot))
+    with Image.open(shot) as im:
+        gray = im.convert("L")
+        stddev = ImageStat.Stat(gray).stddev[0]
+        colours = len(im.convert("RGB").getcolors(maxcolors=1 << 20) or [])
+        width, height = im.size
+    assert width > 100 and height > 100
+    # A blank (or single-colour) figure has no variance; axes, labels and lines give plenty.
+    assert stddev > 10, f"the plot screenshot looks blank (grey-level stddev {stddev:.1f}): {shot}"
+    assert colours > 8, f"the plot screenshot has only {colours} colours: {shot}"
+
+
+@pytest.mark.browser
+def test_language_toggle_switches_and_is_remembered(check_page, lab):
+    from playwright.sync_api import expect
+
+    page, panel = check_page.page, check_page.panel
+    bank, q, _, _, graded = lesson0_facts()
+    root = panel.locator(".quiz-root")
+    box = root.locator(f".quiz-q-{q.id}")
+    expect(box).to_contain_text(q.prompt["en"])
+
+    root.locator(".quiz-lang button", has_text="中文").click()
+    expect(box).to_contain_text(q.prompt["zh"])
+    expect(root).to_contain_text(bank.title["zh"])
+    expect(root.locator(".quiz-score")).to_contain_text("得分")
+    wait_for(lambda: read_progress(lab).get("settings", {}).get("lang") == "zh",
+             what='settings.lang == "zh" in the progress file')
+
+    # A new show() (the quiz cell run again) starts in Chinese.
+    wait_cell_done(run_cell(page, panel, 0))
+    root = panel.locator(".quiz-root")
+    expect(root).to_have_count(1)
+    expect(root.locator(f".quiz-q-{q.id}")).to_contain_text(q.prompt["zh"])
+    expect(root.locator(".quiz-lang button.mod-active")).to_have_text("中文")
+    expect(root.locator(".quiz-score")).to_have_text(f"得分：0 / {graded}")
+    page.screenshot(path=str(lab.tmp / "quiz_zh.png"), full_page=True)
+
+    # And back: English is remembered the same way.
+    root.locator(".quiz-lang button", has_text="English").click()
+    expect(root.locator(f".quiz-q-{q.id}")).to_contain_text(q.prompt["en"])
+    wait_for(lambda: read_progress(lab).get("settings", {}).get("lang") == "en",
+             what='settings.lang == "en" in the progress file')
+
+
+# --- A real lesson notebook ----------------------------------------------------------------------
+
+@pytest.mark.browser
+def test_lesson0_notebook_renders_its_quiz(browser, lab):
+    """The real lesson 0 notebook: its import cell and its last cell (the quiz)."""
+    from playwright.sync_api import expect
+
+    nb = nbformat.read(lab.root / LESSON0, as_version=4)
+    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    first, last = code[0], code[-1]
+    assert "import quizzes" in nb.cells[first].source
+    assert "quizzes.show(" in nb.cells[last].source
+
+    bank, q, correct, _, graded = lesson0_facts()
+    page = new_page(browser, lab)
+    try:
+        panel = open_notebook(page, lab, LESSON0)
+        wait_cell_done(run_cell(page, panel, first))   # imports torch: slow on a busy machine
+        cell = run_cell(page, panel, last)
+        wait_cell_done(cell)
+        errors = panel.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+        assert errors.count() == 0, errors.first.inner_text()
+        assert_no_widget_failure(page, cell)
+        root = cell.locator(".quiz-root")
+        expect(root).to_have_count(1)
+        expect(root.locator(".quiz-question")).to_have_count(len(bank.questions))
+        expect(root).to_contain_text(bank.title["en"])
+
+        box = root.locator(f".quiz-q-{q.id}")
+        choose(box, q, correct)
+        box.get_by_role("button", name="Check").click()
+        expect(box.locator(".quiz-feedback")).to_contain_text("Correct.")
+        expect(root.locator(".quiz-score")).to_have_text(re.compile(rf"Score: [1-9]\d* / {graded}"))
+        cell.screenshot(path=str(lab.tmp / "lesson0_quiz.png"))
+    finally:
+        page.screenshot(path=str(lab.tmp / "lesson0.png"), full_page=True)
+        page.close()
+
+
+@pytest.mark.browser
+def test_home_page_opens_with_lesson_links(browser, lab):
+    """lab.sh's default URL opens lessons/home.ipynb; its links reach the lesson notebooks."""
+    from playwright.sync_api import expect
+
+    page = new_page(browser, lab)
+    try:
+        page.goto(f"{lab.base}/?token={lab.token}")
+        panel = page.locator(".jp-NotebookPanel:visible")
+        expect(panel).to_have_count(1)
+        expect(page.locator(".lm-TabBar-tab.lm-mod-current", has_text="home.ipynb").first).to_be_visible()
+        link = panel.locator(".jp-RenderedMarkdown a[href*='00_torchrun_ddp/00_torchrun_ddp.ipynb']").first
+        expect(link).to_be_visible()
+        link.click()
+        expect(page.locator(".lm-TabBar-tab.lm-mod-current", has_text="00_torchrun_ddp.ipynb").first).to_be_visible()
+    finally:
+        page.close()
