@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from conftest import run_cmd
+from helpers import run_cmd
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -30,7 +30,7 @@ from types import SimpleNamespace
 import nbformat
 import pytest
 
-from conftest import REPO_ROOT
+from helpers import REPO_ROOT
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update",

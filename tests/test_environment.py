@@ -10,7 +10,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
-from conftest import REPO_ROOT
+from helpers import REPO_ROOT
 
 try:
     import tomllib

@@ -9,7 +9,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from conftest import REPO_ROOT
+from helpers import REPO_ROOT
 
 HOME = REPO_ROOT / "lessons" / "home.ipynb"
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import REPO_ROOT, run_cmd
+from helpers import REPO_ROOT, run_cmd
 
 LESSONS = range(6)
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0

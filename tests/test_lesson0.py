@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from conftest import run_cmd
+from helpers import run_cmd
 from lesson_runs import launch, ok
 from fsdp_course import theory
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT, run_cmd
+from helpers import REPO_ROOT, run_cmd
 from fsdp_course import accumulation
 from fsdp_course.exercises import lesson3 as ex3
 

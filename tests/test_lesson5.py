@@ -29,7 +29,7 @@ def launch(run_launcher, tmp_path, *args, nproc=2, name="metrics.json", timeout=
 
 @pytest.fixture(scope="module")
 def main_run(tmp_path_factory):
-    from conftest import REPO_ROOT, run_cmd
+    from helpers import REPO_ROOT, run_cmd
     tmp = tmp_path_factory.mktemp("lesson5")
     metrics = tmp / "metrics.json"
     r = run_cmd(["bash", REPO_ROOT / "launch" / "lesson5.sh", "--steps", "3", "--log-every", "3",

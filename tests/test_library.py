@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from conftest import run_cmd
+from helpers import run_cmd
 from fsdp_course import theory
 from fsdp_course.config import parse_config
 from fsdp_course.data import load_data
