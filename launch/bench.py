@@ -78,6 +78,8 @@ def run_notebook(path: Path, log: Path, tmp: Path) -> tuple[bool, str]:
         return False, message
     finally:
         nbformat.write(nb, log.with_suffix(".ipynb"))
+        if km.has_kernel:  # a kernel we made is ours to stop (nbclient leaves a given km alone)
+            km.shutdown_kernel(now=False)
 
 
 def run_script(root: Path, number: int, log: Path, workdir: Path) -> tuple[bool, str]:
