@@ -2,7 +2,10 @@
 
 Everything here is counted from the tensors themselves, so it works the same on CPU ranks with
 gloo and on GPUs with NCCL. (On GPUs, ``torch.cuda.max_memory_allocated`` adds the allocator's
-view; lesson 5 uses PyTorch's ``FSDPMemTracker`` for FSDP2.)
+view.) PyTorch's own tools are used where they fit: lesson 5 measures FSDP2 with
+``FSDPMemTracker``, which does not understand classic FSDP's flat parameters; and
+``CommDebugMode`` counts collectives but not their bytes, hence ``CommCounter`` below, a
+dispatch mode over the same c10d operators that records both.
 """
 
 from __future__ import annotations
@@ -178,11 +181,14 @@ def activation_bytes(model: nn.Module):
 
     def pack(t):
         ptr = t.untyped_storage().data_ptr()
-        if ptr not in seen:
-            seen.add(ptr)
-            gathered = {b.untyped_storage().data_ptr() for b in _gathered_buffers(flat_params)}
-            if ptr not in gathered:
-                result["bytes"] += t.untyped_storage().nbytes()
+        if ptr in seen:
+            return t
+        if ptr in {b.untyped_storage().data_ptr() for b in _gathered_buffers(flat_params)}:
+            # Not remembered: FULL_SHARD frees this buffer after the unit's forward, and the
+            # allocator may hand its address to a later activation, which must be counted.
+            return t
+        seen.add(ptr)
+        result["bytes"] += t.untyped_storage().nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
