@@ -119,12 +119,20 @@ def distributed(seed: int = 0):
     if device.type == "cuda":
         torch.cuda.set_device(device)
     timeout = timeout_seconds()
-    # device_id binds NCCL to this GPU eagerly; gloo on CPU needs none.
-    dist.init_process_group(
-        backend=backend,
-        timeout=timedelta(seconds=timeout),
-        device_id=device if device.type == "cuda" else None,
-    )
+    try:
+        # device_id binds NCCL to this GPU eagerly; gloo on CPU needs none.
+        dist.init_process_group(
+            backend=backend,
+            timeout=timedelta(seconds=timeout),
+            device_id=device if device.type == "cuda" else None,
+        )
+        # Everyone has fully joined before anyone may leave: a rank that exits early (a bad
+        # flag, found by all ranks alike) must not cut a peer's connection mid-handshake.
+        dist.barrier()
+    except Exception as exc:  # noqa: BLE001 - one line, not a traceback from deep in c10d
+        print(f"[rank {rank}] error: could not join the process group: {_one_line(exc)}",
+              file=sys.stderr)
+        _exit(1)
     torch.manual_seed(seed)
     if rank != 0:
         # N copies of the same warning teach nothing: rank 0 shows each one once.
