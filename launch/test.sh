@@ -22,7 +22,7 @@ fi
 course_export_pythonpath
 cd "$COURSE_ROOT"
 
-# Two pytest workers (pytest-xdist), one test file (or class) each at a time: a file's launches
+# Two pytest workers (pytest-xdist), one test file each at a time: a file's torchrun launches
 # share module fixtures, so a file never splits. Most of a launch is Python importing torch in
 # every rank, and two workers keep both cores busy while one waits. TEST_WORKERS=1 runs
 # serially; an explicit -n/--numprocesses in the arguments wins.
@@ -33,6 +33,6 @@ fi
 parallel=()
 case " $* " in
     *" -n "*|*" -n"[0-9]*|*" --numprocesses"*|*" -p no:xdist "*) ;;
-    *) if [[ "$workers" -gt 1 ]]; then parallel=(-n "$workers" --dist loadgroup); fi ;;
+    *) if [[ "$workers" -gt 1 ]]; then parallel=(-n "$workers" --dist loadfile); fi ;;
 esac
 exec "$PY" -m pytest ${parallel[@]+"${parallel[@]}"} "$@"

@@ -40,7 +40,9 @@ def execute(nb, cwd: Path):
     return client.execute()
 
 
-def check_with_solutions(path: Path):
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_with_solutions_passes_every_check(path: Path):
     nb = nbformat.read(path, as_version=4)
     exercises = [c for c in nb.cells if exercise_tags(c)]
     checks = [c for c in nb.cells if "check" in c.get("metadata", {}).get("tags", [])]
@@ -57,20 +59,3 @@ def check_with_solutions(path: Path):
         text = cell_text(cell)
         assert "PASS" in text and "FAIL" not in text and "not attempted" not in text, (
             f"{path.name}: a check cell did not pass with the solutions in:\n{text}")
-
-
-def _notebook_class(path: Path):
-    """One test class per notebook: test.sh's workers (``--dist loadscope``) schedule a class as
-    one unit, so the notebooks' runs spread over both workers instead of queueing in one."""
-
-    @pytest.mark.slow
-    def test_with_solutions_passes_every_check(self):
-        check_with_solutions(path)
-
-    name = "TestNotebook_" + path.stem
-    return name, type(name, (), {"test_with_solutions_passes_every_check": test_with_solutions_passes_every_check})
-
-
-for _path in NOTEBOOKS:
-    _name, _cls = _notebook_class(_path)
-    globals()[_name] = _cls
