@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import os
 import sys
+import time
 import typing
 
 
@@ -57,9 +58,19 @@ def parse_config(cls, doc: str | None = None, argv: list[str] | None = None):
     default and the script's docstring (which gives the launch command).
     """
     parser = build_parser(cls, doc)
-    if os.environ.get("RANK", "0") != "0":
-        # Under torchrun every rank parses the same flags: let rank 0 alone print help or errors.
+    rank = int(os.environ.get("RANK", "0"))
+    if rank != 0:
+        # Under torchrun every rank parses the same flags: rank 0 alone prints help or the
+        # error, and the others leave after it has (see dist.leave_after_rank0).
         parser._print_message = lambda message, file=None: None
+
+        def error(message):
+            from fsdp_course.dist import RANK0_GRACE_S
+
+            time.sleep(RANK0_GRACE_S)
+            sys.exit(2)
+
+        parser.error = error
     args = parser.parse_args(argv)
     return cls(**vars(args))
 

@@ -19,6 +19,7 @@ import gc
 import os
 import re
 import sys
+import time
 import traceback
 import warnings
 from contextlib import contextmanager
@@ -102,6 +103,22 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
+RANK0_GRACE_S = 3.0
+
+
+def leave_after_rank0(rank: int, message: str, code: int = 2) -> None:
+    """Exit ``code`` with ``message`` said once, by rank 0, for an error every rank meets alike
+    (bad input). The other ranks wait a moment first: torchrun stops all ranks as soon as one
+    exits, and rank 0 must have said why by then. If rank 0 never exits (the error was this
+    rank's alone), the rank says it itself after the wait."""
+    if rank == 0:
+        print(message, file=sys.stderr)
+    else:
+        time.sleep(RANK0_GRACE_S)
+        print(f"[rank {rank}] {message}", file=sys.stderr)
+    _exit(code)
+
+
 def _exit(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
@@ -141,17 +158,13 @@ def distributed(seed: int = 0):
     try:
         yield env
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-        if exc.code not in (None, 0) and not isinstance(exc.code, int) and env.is_rank0:
-            print(exc.code, file=sys.stderr)
-        _exit(code)
+        if exc.code is not None and not isinstance(exc.code, int):
+            leave_after_rank0(rank, str(exc.code))  # sys.exit("message"): bad input
+        _exit(exc.code or 0)
     except KeyboardInterrupt:
         _exit(130)
     except CourseError as exc:
-        # Raised on every rank alike (same input), so rank 0 speaks for all of them.
-        if env.is_rank0:
-            print(f"error: {exc}", file=sys.stderr)
-        _exit(2)
+        leave_after_rank0(rank, f"error: {exc}")
     except BaseException as exc:  # noqa: BLE001 - one readable line instead of N tracebacks
         message = _one_line(exc)
         if "timed out" in message.lower() or "timeout" in message.lower():
