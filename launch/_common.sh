@@ -18,6 +18,20 @@ course_python() {
     fi
 }
 
+# Set PY for the tools (test.sh, bench.sh, lab.sh): $PYTHON as given, setup skipped (conda users);
+# else the venv at ${VENV:-.venv}, set up first (quiet, and quick when nothing changed).
+# COURSE_SKIP_SETUP=1 skips the set-up (lab.sh's dry run).
+course_setup_python() {
+    if [[ -n "${PYTHON:-}" ]]; then
+        PY="$PYTHON"
+    else
+        VENV="${VENV:-$COURSE_ROOT/.venv}"
+        export VENV
+        [[ "${COURSE_SKIP_SETUP:-0}" == "1" ]] || bash "$COURSE_ROOT/launch/setup.sh" --quiet
+        PY="$VENV/bin/python"
+    fi
+}
+
 # Make `import fsdp_course` / `import quizzes` work even without `pip install -e .`.
 course_export_pythonpath() {
     case ":${PYTHONPATH:-}:" in

@@ -10,13 +10,6 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 
-if [[ -n "${PYTHON:-}" ]]; then
-    PY="$PYTHON"
-else
-    VENV="${VENV:-$COURSE_ROOT/.venv}"
-    export VENV
-    bash "$COURSE_ROOT/launch/setup.sh" --quiet
-    PY="$VENV/bin/python"
-fi
+course_setup_python
 export NPROC="${NPROC:-2}"
 exec "$PY" "$COURSE_ROOT/launch/bench.py"

@@ -39,14 +39,7 @@ if ! course_is_posint "$PORT" || (( 10#$PORT > 65535 )); then
 fi
 
 DRY_RUN="${LAB_DRY_RUN:-0}"
-if [[ -n "${PYTHON:-}" ]]; then
-    PY="$PYTHON"
-else
-    VENV="${VENV:-$COURSE_ROOT/.venv}"
-    export VENV
-    [[ "$DRY_RUN" == "1" ]] || bash "$COURSE_ROOT/launch/setup.sh" --quiet
-    PY="$VENV/bin/python"
-fi
+COURSE_SKIP_SETUP="$DRY_RUN" course_setup_python
 course_export_pythonpath
 
 # The first free port from LAB_PORT on (Jupyter's own port_retries still applies if it races).

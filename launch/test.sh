@@ -9,16 +9,8 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 
-if [[ -n "${PYTHON:-}" ]]; then
-    PY="$PYTHON"
-else
-    VENV="${VENV:-$COURSE_ROOT/.venv}"
-    export VENV
-    bash "$COURSE_ROOT/launch/setup.sh" --quiet
-    PY="$VENV/bin/python"
-    # The tests start launchers; make them use the same interpreter.
-    export PYTHON="$PY"
-fi
+course_setup_python
+export PYTHON="$PY"  # the tests start launchers: they must use the same interpreter
 course_export_pythonpath
 cd "$COURSE_ROOT"
 
