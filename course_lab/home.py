@@ -1,7 +1,7 @@
 """The course home page (lessons/home.ipynb): the lessons found on disk, the learner's quiz
 progress, and how to launch each lesson's multi-process part.
 
-    from fsdp_course import home
+    from course_lab import home
     home.show()          # an HTML table in JupyterLab, plain text elsewhere
 
 Lessons are discovered from ``lessons/NN_topic/`` folders, so a new lesson appears by itself.

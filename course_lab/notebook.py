@@ -1,6 +1,6 @@
 """Helpers the lesson notebooks share: run a lesson through its launcher, show tables and plots.
 
-    from fsdp_course.notebook import run_lesson, show_table
+    from course_lab.notebook import run_lesson, show_table
     metrics = run_lesson(1, "--strategy", "FULL_SHARD", nproc=2)
 
 ``run_lesson`` runs exactly what a learner types in a terminal (``bash launch/lessonN.sh``),

@@ -21,60 +21,11 @@ to a multiple of N; FSDP2 pads each parameter's first dimension to a multiple of
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn as nn
 
 from fsdp_course.measure import nbytes
-
-
-# --- theory ------------------------------------------------------------------------------------
-
-def fsdp1_padded_numel(unit_numels: list[int], world_size: int) -> int:
-    """Classic FSDP: ``sum over units of N * ceil(n_unit / N)`` (the all-gathered flat size)."""
-    return sum(world_size * math.ceil(n / world_size) for n in unit_numels)
-
-
-def fsdp2_padded_numel(model: nn.Module, world_size: int) -> int:
-    """FSDP2 (``Shard(0)`` per parameter): ``sum over parameters of N * ceil(d0 / N) * rest``,
-    where ``d0`` is the parameter's first dimension. Call on the unwrapped model."""
-    total = 0
-    for p in model.parameters():
-        rest = p.numel() // p.shape[0] if p.dim() else 1
-        rows = p.shape[0] if p.dim() else 1
-        total += world_size * math.ceil(rows / world_size) * rest
-    return total
-
-
-def reduce_bytes_per_step(padded_numel: int, accum: int, no_sync: bool,
-                          grad_bytes: int = 4) -> int:
-    """Reduce-scatter payload per optimizer step: ``grad_bytes * P_pad * (1 if no_sync else K)``."""
-    return grad_bytes * padded_numel * (1 if no_sync else accum)
-
-
-def reduce_bytes_saved(num_params: int, accum: int, world_size: int,
-                       grad_bytes: int = 4) -> dict:
-    """What ``no_sync`` saves per optimizer step (padding ignored):
-
-        payload = (K - 1) * grad_bytes * P
-        sent    = payload * (N - 1) / N     bytes each rank sends less (ring reduce-scatter)
-    """
-    payload = (accum - 1) * grad_bytes * num_params
-    return {"payload": payload, "sent_per_rank": payload * (world_size - 1) / world_size}
-
-
-def held_grad_bytes_theory(num_params: int, padded_numel: int, world_size: int,
-                           no_sync: bool, grad_bytes: int = 4) -> int:
-    """Gradient bytes one rank holds between micro-batches (K >= 2):
-
-        no_sync:      grad_bytes * P               the unsharded gradient, kept until the last
-                                                   micro-batch reduce-scatters it
-        sync always:  grad_bytes * P_pad / N       the rank's shard, accumulated in place
-    """
-    if no_sync:
-        return grad_bytes * num_params
-    return grad_bytes * padded_numel // world_size
 
 
 # --- measurement -------------------------------------------------------------------------------

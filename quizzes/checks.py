@@ -1,11 +1,13 @@
-"""Tiny checkers used by the engine's own tests and as a template for real ones.
+"""A tiny checker used by the engine's own tests and as a template for real ones.
 
 A checker is called as checker(learner_fn, **context) and returns (passed, message). It lets
 NotImplementedError from the learner's function propagate: that is how "not attempted yet" is
-detected. Real lesson checkers live in fsdp_course/exercises.py.
+detected. The course's real checkers live with the notebooks, in course_lab/exercises/.
 """
+from .exercise import exercise
 
 
+@exercise("lessondemo", "ex_square")
 def check_square(learner_fn, **context):
     """Demo exercise: learner_fn(x) must return x * x."""
     for x in (0, 3, -2, context.get("extra", 7)):

@@ -1,4 +1,14 @@
-"""Code exercises: run the checker named in the bank against the learner's function.
+"""Code exercises: grade the learner's function with the checker registered for it.
+
+The quiz engine knows no lesson code. A checker registers itself where it is written:
+
+    from quizzes.exercise import exercise
+
+    @exercise("lesson1", "ex_predict_bytes")
+    def check_predict_bytes(learner_fn, cases) -> tuple[bool, str]: ...
+
+and a notebook, after importing the module that holds it, grades with
+``quizzes.check_exercise("lesson1", "ex_predict_bytes", predict_bytes, cases=cases)``.
 
 The notebook must run top to bottom even while exercises are untouched, so nothing here raises
 for the learner's own mistakes: an untouched exercise says "not attempted yet", an exception in
@@ -6,21 +16,33 @@ the learner's code is one FAIL line, not a traceback wall.
 """
 from __future__ import annotations
 
-import importlib
 import traceback
+from typing import Callable
 
 from . import progress
-from .bank import QuizError, load_bank
+from .bank import QuizError, load_bank, normalise_lesson
 from .grading import Result
 
+# (lesson, question id) -> checker(learner_fn, **context) -> (passed, message)
+_CHECKERS: dict[tuple[str, str], Callable] = {}
 
-def load_checker(path: str):
-    module_name, _, func_name = path.partition(":")
+
+def exercise(lesson, qid: str):
+    """Register the decorated function as the checker of code exercise ``qid`` of ``lesson``.
+    The function itself is returned unchanged (tests may call it directly)."""
+    def register(checker: Callable) -> Callable:
+        _CHECKERS[(normalise_lesson(lesson), qid)] = checker
+        return checker
+    return register
+
+
+def registered_checker(lesson, qid: str) -> Callable:
+    key = (normalise_lesson(lesson), qid)
     try:
-        module = importlib.import_module(module_name)
-        return getattr(module, func_name)
-    except (ImportError, AttributeError) as exc:
-        raise QuizError(f"cannot load checker {path!r}: {exc}") from None
+        return _CHECKERS[key]
+    except KeyError:
+        raise QuizError(f"no checker is registered for {key[0]} {qid}: import the module that "
+                        "defines it (the lesson's exercise checkers) before grading") from None
 
 
 def _one_line(exc: BaseException) -> str:
@@ -41,7 +63,7 @@ def check_exercise(lesson, qid: str, learner_fn, **context) -> Result:
     q = bank.question(qid)
     if q.type != "code":
         raise QuizError(f"{qid} is a {q.type} question, not a code exercise: use quizzes.grade(...)")
-    checker = load_checker(q.secret["checker"])
+    checker = registered_checker(bank.lesson, qid)
     try:
         outcome = checker(learner_fn, **context)
     except NotImplementedError:
@@ -54,7 +76,8 @@ def check_exercise(lesson, qid: str, learner_fn, **context) -> Result:
         passed, message = False, f"{who} {_one_line(exc)}"
     else:
         if not (isinstance(outcome, tuple) and len(outcome) == 2):
-            raise QuizError(f"checker {q.secret['checker']} must return (passed, message), got {outcome!r}")
+            raise QuizError(f"checker {checker.__module__}.{checker.__name__} must return "
+                            f"(passed, message), got {outcome!r}")
         passed, message = bool(outcome[0]), str(outcome[1])
     line = f"{'PASS' if passed else 'FAIL'} {qid}: {message}"
     print(line)

@@ -12,7 +12,7 @@ from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
 from lesson_runs import launch, ok
 from fsdp_course import theory, wrapping
-from fsdp_course.exercises.lesson2 import check_wrap_policy, policy_source
+from course_lab.exercises.lesson2 import check_wrap_policy, policy_source
 from fsdp_course.model import Block
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,7 +56,7 @@ def assert_matches_theory(run, world_size):
     planned = [(u["unit"], u["numel"]) for u in run["units_theory"] if u["numel"]]
     assert sorted((u["unit"], u["numel"]) for u in run["units"]) == sorted(planned)
     assert sum(u["numel"] for u in run["units"]) == run["num_params"]
-    peaks = wrapping.gathered_peaks(run["unit_numels_theory"], world_size)
+    peaks = theory.wrapping.gathered_peaks(run["unit_numels_theory"], world_size)
     assert run["gathered_theory_by_phase"] == peaks
     assert run["gathered_forward"] == peaks["forward"]
     assert run["gathered_backward"] == peaks["backward"]
@@ -65,7 +65,7 @@ def assert_matches_theory(run, world_size):
     assert len(run["per_rank"]) == world_size
     calls = {k: v["calls"] for k, v in run["collectives"].items()}
     sizes = {k: v["bytes"] for k, v in run["collectives"].items()}
-    assert calls == wrapping.collective_calls(run["unit_numels_theory"], world_size)
+    assert calls == theory.wrapping.collective_calls(run["unit_numels_theory"], world_size)
     assert sizes == theory.collective_bytes(run["unit_numels_theory"], world_size, "FULL_SHARD")
 
 
@@ -84,7 +84,7 @@ def test_unit_counts(n2):
 
 def test_no_policy_gathers_the_whole_model(n2):
     none, per_block = n2["none"], n2["transformer"]
-    whole = wrapping.padded_bytes(none["num_params"], 2)
+    whole = theory.wrapping.padded_bytes(none["num_params"], 2)
     assert none["gathered_peak"] == none["gathered_forward"] == whole
     assert none["gathered_peak"] > 1.9 * per_block["gathered_peak"]
     # per block: the root + two blocks (the one computing, the one prefetched) in backward
@@ -110,7 +110,7 @@ def test_policies_train_the_same_model(n2):
 @pytest.mark.parametrize("wrap", ["none", "transformer"])
 def test_three_ranks_pad_and_match_theory(n3, wrap):
     assert_matches_theory(n3[wrap], 3)
-    assert all(u["gathered_bytes"] == wrapping.padded_bytes(u["numel"], 3) for u in n3[wrap]["units"])
+    assert all(u["gathered_bytes"] == theory.wrapping.padded_bytes(u["numel"], 3) for u in n3[wrap]["units"])
     assert n3["none"]["gathered_peak"] > n3["transformer"]["gathered_peak"]
 
 
@@ -184,8 +184,8 @@ def test_policy_source_round_trip():
 
 def test_peak_theory():
     # root 10, blocks 4, 4, 4 (numels) on 2 ranks, 4 bytes each, no padding
-    assert wrapping.gathered_peaks([10, 4, 4, 4], 2) == {"forward": 56, "backward": 72, "step": 72}
-    assert wrapping.gathered_peaks([10], 2)["step"] == 40  # no policy: the whole model
-    assert wrapping.gathered_peaks([3, 5], 2) == {"forward": 4 * (4 + 6), "backward": 40, "step": 40}
-    assert wrapping.collective_calls([10, 4, 4, 4], 2) == {"all_gather": 7, "reduce_scatter": 4}
-    assert wrapping.collective_calls([0, 4, 4], 2) == {"all_gather": 4, "reduce_scatter": 2}
+    assert theory.wrapping.gathered_peaks([10, 4, 4, 4], 2) == {"forward": 56, "backward": 72, "step": 72}
+    assert theory.wrapping.gathered_peaks([10], 2)["step"] == 40  # no policy: the whole model
+    assert theory.wrapping.gathered_peaks([3, 5], 2) == {"forward": 4 * (4 + 6), "backward": 40, "step": 40}
+    assert theory.wrapping.collective_calls([10, 4, 4, 4], 2) == {"all_gather": 7, "reduce_scatter": 4}
+    assert theory.wrapping.collective_calls([0, 4, 4], 2) == {"all_gather": 4, "reduce_scatter": 2}

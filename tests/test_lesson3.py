@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from helpers import REPO_ROOT, run_cmd
-from fsdp_course import accumulation
-from fsdp_course.exercises import lesson3 as ex3
+from fsdp_course import theory
+from course_lab.exercises import lesson3 as ex3
 
 SCREEN_LINES = 40  # "one screen of output"
 
@@ -31,14 +31,14 @@ def runs_by(data):
 # --- theory and the exercise's in-process stage (no torchrun) ---------------------------------
 
 def test_theory_matches_the_quiz_numbers():
-    saved = accumulation.reduce_bytes_saved(1_000_000_000, accum=8, world_size=4)
+    saved = theory.accumulation.reduce_bytes_saved(1_000_000_000, accum=8, world_size=4)
     assert saved["payload"] == 28e9 and saved["sent_per_rank"] == 21e9
     P = 1_000_000_000
-    extra = (accumulation.held_grad_bytes_theory(P, P, 8, no_sync=True)
-             - accumulation.held_grad_bytes_theory(P, P, 8, no_sync=False))
+    extra = (theory.accumulation.held_grad_bytes_theory(P, P, 8, no_sync=True)
+             - theory.accumulation.held_grad_bytes_theory(P, P, 8, no_sync=False))
     assert extra == 3.5e9
-    assert accumulation.fsdp1_padded_numel([5, 8], 4) == 8 + 8
-    assert accumulation.reduce_bytes_per_step(100, accum=4, no_sync=False) == 1600
+    assert theory.accumulation.fsdp1_padded_numel([5, 8], 4) == 8 + 8
+    assert theory.accumulation.reduce_bytes_per_step(100, accum=4, no_sync=False) == 1600
 
 
 def _all_no_sync(model, micro_batches, loss_fn):

@@ -11,7 +11,7 @@ import pytest
 import quizzes
 from fsdp_course.checkpoint import check_loadable
 from fsdp_course.dist import CourseError
-from fsdp_course.exercises.lesson4 import check_dcp_save_load
+from course_lab.exercises.lesson4 import check_dcp_save_load
 
 
 def launch(run_launcher, tmp_path, name, *args, nproc=2, env=None, timeout=300):

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from fsdp_course import fsdp2
-from fsdp_course.exercises.lesson5 import check_shard
+from fsdp_course import fsdp2, theory
+from course_lab.exercises.lesson5 import check_shard
 
 MAIN_VARIANTS = ";".join([
     "bug=meta-buffers", "bug=optimizer-first",  # first, so the masks do not land in reused memory
@@ -50,7 +50,7 @@ def test_dtensor_placements_and_full_tensor(main_run):
     assert len(rows) == 54
     for row in rows:
         assert row["placements"] == "S(0)", row
-        assert row["local"] == [fsdp2.local_shape(row["global"], 2, r) for r in range(2)], row
+        assert row["local"] == [theory.fsdp2.local_shape(row["global"], 2, r) for r in range(2)], row
         assert row["full_equal"] is True, row
     emb = next(r for r in rows if r["name"] == "tok_emb.weight")
     assert emb["local"] == [[14, 128], [13, 128]]
@@ -98,13 +98,13 @@ def test_memory_and_collectives_match_theory(main_run):
     shapes = [r["global"] for r in rows]
     groups = [[r["global"] for r in rows if not r["name"].startswith("blocks.")]] + [
         [r["global"] for r in rows if r["name"].startswith(f"blocks.{i}.")] for i in range(4)]
-    state = fsdp2.state_bytes_theory(shapes, 2, rank=0)
+    state = theory.fsdp2.state_bytes_theory(shapes, 2, rank=0)
     for label, raf in [("fsdp2 raf=true", True), ("fsdp2 raf=false", False), ("fsdp2 raf=1", 1)]:
         run = runs[label]
         for key in ("params", "grads", "optimizer"):
             assert run["memory"][key] == state[key], (label, key)
         measured = {k: v["bytes"] for k, v in run["collectives"].items()}
-        assert measured == fsdp2.collective_bytes_theory(groups, 2, raf, root_reshards=raf is True), label
+        assert measured == theory.fsdp2.collective_bytes_theory(groups, 2, raf, root_reshards=raf is True), label
     base = runs["fsdp2 raf=true"]["memory"]
     assert runs["fsdp2 raf=false"]["memory"]["gathered"] > base["gathered"]  # kept until backward
     assert runs["fsdp2 raf=true bf16"]["memory"]["gathered"] * 2 == pytest.approx(base["gathered"], rel=0.02)
@@ -129,7 +129,7 @@ def test_uneven_shards_on_three_ranks(run_launcher, tmp_path):
     assert rows["blocks.0.ln1.weight"]["local"] == [[43], [43], [42]]
     assert all(r["full_equal"] and r["placements"] == "S(0)" for r in run["dtensor"])
     for r in run["dtensor"]:
-        assert r["local"] == [fsdp2.local_shape(r["global"], 3, k) for k in range(3)]
+        assert r["local"] == [theory.fsdp2.local_shape(r["global"], 3, k) for k in range(3)]
 
 
 @pytest.mark.slow
@@ -182,10 +182,10 @@ def test_bad_variant_is_one_line(run_launcher):
 
 
 def test_theory_functions():
-    assert [fsdp2.local_rows(27, 2, r) for r in range(2)] == [14, 13]
-    assert [fsdp2.local_rows(5, 4, r) for r in range(4)] == [2, 2, 1, 0]
-    assert fsdp2.padded_numel([27, 128], 2) == 28 * 128
+    assert [theory.fsdp2.local_rows(27, 2, r) for r in range(2)] == [14, 13]
+    assert [theory.fsdp2.local_rows(5, 4, r) for r in range(4)] == [2, 2, 1, 0]
+    assert theory.fsdp2.padded_numel([27, 128], 2) == 28 * 128
     assert fsdp2.parse_reshard("false") is False and fsdp2.parse_reshard("2") == 2
     with pytest.raises(ValueError):
         fsdp2.parse_reshard("maybe")
-    assert math.isclose(fsdp2.state_bytes_theory([[4, 2]], 2)["optimizer"], 2 * 4 * 4)
+    assert math.isclose(theory.fsdp2.state_bytes_theory([[4, 2]], 2)["optimizer"], 2 * 4 * 4)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from quizzes.exercise import exercise
+
 KEYS = ("params", "grads", "optimizer")
 
 
@@ -36,6 +38,7 @@ def _hint(case: dict, got: dict) -> str:
     return "per rank, each of params and grads is 4 bytes x the elements the rank holds; optimizer twice that."
 
 
+@exercise("lesson1", "ex_predict_bytes")
 def check_predict_bytes(predict, cases: list[dict]) -> tuple[bool, str]:
     """``predict(unit_numels, world_size, strategy, mixed_precision) -> {params, grads,
     optimizer}`` in bytes must equal what each run measured on rank 0, byte for byte."""

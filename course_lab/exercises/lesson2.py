@@ -15,7 +15,9 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from fsdp_course import wrapping
+from fsdp_course import theory, wrapping
+
+from quizzes.exercise import exercise
 
 CONSTANT_TYPES = (int, float, str, bool, type(None))
 
@@ -56,6 +58,7 @@ def policy_source(fn) -> str:
     return "\n".join(header + constants) + "\n\n\n" + source + alias
 
 
+@exercise("lesson2", "ex_wrap_policy")
 def check_wrap_policy(policy, launch: bool = True, nproc: int = 2, steps: int = 2,
                       none_peak: int | None = None) -> tuple[bool, str]:
     """``policy(module, recurse, nonwrapped_numel) -> bool`` must make every ``DecoderLayer``
@@ -94,7 +97,7 @@ def check_wrap_policy(policy, launch: bool = True, nproc: int = 2, steps: int = 
     if not launch:
         return True, summary + " (structure checked; no launch)."
 
-    from fsdp_course.notebook import run_lesson
+    from course_lab.notebook import run_lesson
 
     with tempfile.TemporaryDirectory(prefix="lesson2-policy-") as tmp:
         path = Path(tmp) / "policy.py"
@@ -115,7 +118,7 @@ def check_wrap_policy(policy, launch: bool = True, nproc: int = 2, steps: int = 
     peak, expected = run["gathered_peak"], run["gathered_theory"]
     if peak != expected:
         return False, f"measured all-gather peak {peak:,} B differs from the theory {expected:,} B."
-    whole = none_peak or wrapping.gathered_peak_bytes([run["num_params"]], world_size)
+    whole = none_peak or theory.wrapping.gathered_peaks([run["num_params"]], world_size)["step"]
     return True, (f"{summary}; measured all-gather peak {peak:,} B = theory, "
                   f"{peak / whole:.0%} of the whole model gathered at once ({whole:,} B with no "
                   f"policy) on {world_size} ranks.")

@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from quizzes.exercise import exercise
+
 # Written above the learner's function in the file the script loads.
 PREAMBLE = "import torch\nfrom contextlib import nullcontext\n\n"
 
@@ -97,6 +99,7 @@ def _dry_run(learner_fn, accum: int) -> str | None:
             "loss over micro-batches, loss_fn(model(x), y) / len(micro_batches).")
 
 
+@exercise("lesson3", "ex_accumulate")
 def check_accumulate(learner_fn, accum: int = 4, nproc: int = 2,
                      timeout: float = 300) -> tuple[bool, str]:
     """``accumulate(model, micro_batches, loss_fn)`` must leave the gradient of the mean loss over
@@ -105,7 +108,7 @@ def check_accumulate(learner_fn, accum: int = 4, nproc: int = 2,
     if problem:
         return False, problem
 
-    from fsdp_course.notebook import _env, launcher, run_command
+    from course_lab.notebook import _env, launcher, run_command
     from fsdp_course.report import read_metrics
 
     source = textwrap.dedent(inspect.getsource(learner_fn))

@@ -14,7 +14,9 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-HEADER = '''"""Written by fsdp_course.exercises.lesson4 from the notebook's exercise cell."""
+from quizzes.exercise import exercise
+
+HEADER = '''"""Written by course_lab.exercises.lesson4 from the notebook's exercise cell."""
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -44,7 +46,7 @@ def _last_error(output: str) -> str:
 
 
 def _run(args: list[str], nproc: int) -> tuple[dict | None, str]:
-    from fsdp_course.notebook import _env, launcher, run_command
+    from course_lab.notebook import _env, launcher, run_command
     from fsdp_course.report import read_metrics
 
     metrics = Path(args[args.index("--metrics") + 1])
@@ -64,6 +66,7 @@ def _hint(different: list[str]) -> str:
             "and then hand it to set_state_dict(model, optimizer, ...)")
 
 
+@exercise("lesson4", "ex_dcp_save_load")
 def check_dcp_save_load(save, load=None, save_ranks: int = 2, load_ranks: int = 3,
                         steps: int = 3) -> tuple[bool, str]:
     """``save(path, model, optimizer)`` on ``save_ranks`` ranks, then ``load(path, model,

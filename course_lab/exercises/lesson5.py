@@ -13,7 +13,9 @@ import linecache
 import tempfile
 from pathlib import Path
 
-from fsdp_course.fsdp2 import local_shape
+from fsdp_course.theory.fsdp2 import local_shape
+
+from quizzes.exercise import exercise
 
 
 def _source(fn) -> str:
@@ -43,6 +45,7 @@ def classic_run(metrics: dict) -> dict:
     return runs[0]
 
 
+@exercise("lesson5", "ex_shard")
 def check_shard(shard, classic: dict, nproc: int | None = None, tolerance: float = 1e-4,
                 run=None) -> tuple[bool, str]:
     """``shard(model, mesh)`` must give per-block + root FSDP2 units, Shard(0) placements with
@@ -56,7 +59,7 @@ def check_shard(shard, classic: dict, nproc: int | None = None, tolerance: float
         path = Path(tmp) / "learner_shard.py"
         path.write_text(_source(shard))
         if run is None:
-            from fsdp_course.notebook import run_lesson as run
+            from course_lab.notebook import run_lesson as run
         args = ["--shard-module", str(path), "--steps", str(cfg["steps"]),
                 "--log-every", str(cfg["steps"]), "--batch-size", str(cfg["batch_size"]),
                 "--lr", str(cfg["lr"]), "--seed", str(cfg["seed"])]

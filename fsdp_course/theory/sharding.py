@@ -1,8 +1,8 @@
-"""What the measurements should be, as functions: scripts, notebooks and tests compare
-against the same code. Sizes are in bytes; ``P`` is the parameter count.
+"""Sharding strategies (lessons 0 and 1): per-rank bytes and bytes per collective.
 
-Classic FSDP flattens each wrapped unit's parameters into one flat parameter of ``n`` elements,
-pads it to a multiple of the shard count ``S`` and gives each rank ``ceil(n / S)`` elements.
+Sizes are in bytes; ``P`` is the parameter count. Classic FSDP flattens each wrapped unit's
+parameters into one flat parameter of ``n`` elements, pads it to a multiple of the shard count
+``S`` (``padded(n, S) = S * ceil(n / S)``) and gives each rank ``ceil(n / S)`` elements.
 """
 
 from __future__ import annotations
@@ -27,6 +27,12 @@ def fsdp_unit_numels(model: nn.Module, block_cls: type) -> list[int]:
 def shard_numel(numel: int, shards: int) -> int:
     """Elements one rank stores of a flat parameter: ``ceil(numel / shards)`` (padding included)."""
     return math.ceil(numel / shards)
+
+
+def padded(numel: int, shards: int) -> int:
+    """``numel`` rounded up to a multiple of ``shards``: ``shards * ceil(numel / shards)``, the
+    size a sharded tensor has once all-gathered (every shard is equal, the last one padded)."""
+    return shards * shard_numel(numel, shards)
 
 
 def shard_group_size(strategy: str, world_size: int, replicas: int = 1) -> int:
@@ -87,14 +93,15 @@ def collective_bytes(unit_numels: list[int], world_size: int, strategy: str, rep
     if world_size == 1:
         return {}
     shards = shard_group_size(strategy, world_size, replicas)
-    padded = [shards * shard_numel(n, shards) for n in unit_numels]
+    padded_numels = [padded(n, shards) for n in unit_numels]
     if strategy == "NO_SHARD":
         return {"all_reduce": sum(unit_numels) * reduce_bytes}
     if strategy == "SHARD_GRAD_OP":
-        gathered = sum(padded)
-    else:
-        gathered = sum(padded) + sum(padded[1:])  # the root is not gathered again in backward
-    result = {"all_gather": gathered * param_bytes, "reduce_scatter": sum(padded) * reduce_bytes}
+        gathered = sum(padded_numels)
+    else:  # the root is not gathered again in backward
+        gathered = sum(padded_numels) + sum(padded_numels[1:])
+    result = {"all_gather": gathered * param_bytes,
+              "reduce_scatter": sum(padded_numels) * reduce_bytes}
     if strategy == "HYBRID_SHARD" and replicas > 1:
         result["all_reduce"] = sum(shard_numel(n, shards) for n in unit_numels) * reduce_bytes
     return result
@@ -112,11 +119,11 @@ def gathered_peak_bytes(unit_numels: list[int], world_size: int, strategy: str,
     if world_size == 1 or strategy == "NO_SHARD":
         return 0
     shards = shard_group_size(strategy, world_size, replicas)
-    padded = [shards * shard_numel(n, shards) * param_bytes for n in unit_numels]
+    unit_bytes = [padded(n, shards) * param_bytes for n in unit_numels]
     if strategy == "SHARD_GRAD_OP":
-        return sum(padded)
-    blocks = sorted(padded[1:], reverse=True)
-    return padded[0] + sum(blocks[:2])
+        return sum(unit_bytes)
+    blocks = sorted(unit_bytes[1:], reverse=True)
+    return unit_bytes[0] + sum(blocks[:2])
 
 
 def ring_sent_bytes(kind: str, payload: int, world_size: int) -> float:

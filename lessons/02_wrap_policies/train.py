@@ -139,10 +139,10 @@ def train(cfg: Config, wrap: str, env, data, custom_policy) -> dict:
     # --- report: measured next to theory -----------------------------------------------------
     gathered = max(peak_forward, peak_backward)
     nested = wrapping.is_nested(planned)
-    peaks_theory = {} if nested else wrapping.gathered_peaks(unit_numels, env.world_size)
+    peaks_theory = {} if nested else theory.wrapping.gathered_peaks(unit_numels, env.world_size)
     per_rank = [None] * env.world_size
     dist.all_gather_object(per_rank, {"gathered": gathered, "total": peak_total})
-    calls_theory = wrapping.collective_calls(unit_numels, env.world_size)
+    calls_theory = theory.wrapping.collective_calls(unit_numels, env.world_size)
     bytes_theory = theory.collective_bytes(unit_numels, env.world_size, "FULL_SHARD")
     param_bytes = 4 * sum(unit_numels)
     env.print0(f"\nall-gathered parameters, peak bytes (theory: fsdp_course.wrapping"

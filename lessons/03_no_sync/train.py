@@ -110,8 +110,8 @@ def train(cfg: Config, api: str, accum: int, no_sync: bool, env, data, loop, ref
     if accum not in references:  # every run starts from the same weights: compute it once per K
         references[accum] = big_batch_reference(model, accum, cfg, env, data)
     num_params = sum(p.numel() for p in model.parameters())
-    padded = (accumulation.fsdp1_padded_numel(theory.fsdp_unit_numels(model, Block), env.world_size)
-              if api == "fsdp1" else accumulation.fsdp2_padded_numel(model, env.world_size))
+    padded = (theory.accumulation.fsdp1_padded_numel(theory.fsdp_unit_numels(model, Block), env.world_size)
+              if api == "fsdp1" else theory.accumulation.fsdp2_padded_numel(model, env.world_size))
 
     # --- shard: FULL_SHARD, one unit per transformer block, in either API -------------------
     if api == "fsdp1":
@@ -189,11 +189,11 @@ def train(cfg: Config, api: str, accum: int, no_sync: bool, env, data, loop, ref
         "grads_equal": all(r["equal"] for r in per_rank),
         "collectives": summary,
         "reduce_bytes": summary.get("reduce_scatter", {}).get("bytes", 0),
-        "reduce_bytes_theory": accumulation.reduce_bytes_per_step(padded, accum, no_sync),
+        "reduce_bytes_theory": theory.accumulation.reduce_bytes_per_step(padded, accum, no_sync),
         "gather_bytes": summary.get("all_gather", {}).get("bytes", 0),
         "held_between_unsharded": max(r["held_between"]["unsharded"] for r in per_rank),
         "held_between_sharded": max(r["held_between"]["sharded"] for r in per_rank),
-        "held_theory": accumulation.held_grad_bytes_theory(num_params, padded, env.world_size, no_sync)
+        "held_theory": theory.accumulation.held_grad_bytes_theory(num_params, padded, env.world_size, no_sync)
         if accum > 1 else 0,
         "loss_first": logger.history[0]["loss"], "loss_last": logger.history[-1]["loss"],
         "history": logger.history,

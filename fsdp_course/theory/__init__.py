@@ -1,0 +1,23 @@
+"""What the measurements should be, as functions: scripts, notebooks and tests compare against
+the same code. One module per topic, each formula with its derivation in its docstring:
+
+- ``sharding``      lessons 0-1: per-rank bytes and collective bytes per strategy; ``padded``
+- ``wrapping``      lesson 2: the all-gather peak and collective calls per wrap policy
+- ``accumulation``  lesson 3: what ``no_sync`` saves and what it costs
+- ``fsdp2``         lesson 5: ``fully_shard``'s per-parameter shards and collectives
+
+``from fsdp_course import theory`` gives the sharding formulas directly
+(``theory.model_state_bytes``); the other topics are ``theory.wrapping`` and so on.
+"""
+
+from fsdp_course.theory import accumulation, fsdp2, wrapping  # noqa: F401
+from fsdp_course.theory.sharding import (ADAM_STATE_SLOTS, STRATEGIES, collective_bytes,
+                                         ddp_state_bytes, fsdp_unit_numels,
+                                         gathered_peak_bytes, model_state_bytes, padded,
+                                         ring_sent_bytes, shard_group_size, shard_numel)
+
+__all__ = [
+    "ADAM_STATE_SLOTS", "STRATEGIES", "accumulation", "collective_bytes", "ddp_state_bytes",
+    "fsdp2", "fsdp_unit_numels", "gathered_peak_bytes", "model_state_bytes", "padded",
+    "ring_sent_bytes", "shard_group_size", "shard_numel", "wrapping",
+]
