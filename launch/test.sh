@@ -14,9 +14,10 @@ export PYTHON="$PY"  # the tests start launchers: they must use the same interpr
 course_export_pythonpath
 cd "$COURSE_ROOT"
 
-# Two pytest workers (pytest-xdist), one test file each at a time: a file's torchrun launches
-# share module fixtures, so a file never splits. Most of a launch is Python importing torch in
-# every rank, and two workers keep both cores busy while one waits. TEST_WORKERS=1 runs
+# Two pytest workers (pytest-xdist) by group (tests/conftest.py): a lesson's script tests and
+# its notebook on one worker, so the launches they share run once; any other file whole. Most
+# of a launch is Python importing torch in every rank, and two workers keep both cores busy
+# while one waits. TEST_WORKERS=1 runs
 # serially; an explicit -n/--numprocesses in the arguments wins.
 workers="${TEST_WORKERS:-2}"
 if ! course_is_posint "$workers"; then
@@ -25,6 +26,6 @@ fi
 parallel=()
 case " $* " in
     *" -n "*|*" -n"[0-9]*|*" --numprocesses"*|*" -p no:xdist "*) ;;
-    *) if [[ "$workers" -gt 1 ]]; then parallel=(-n "$workers" --dist loadfile); fi ;;
+    *) if [[ "$workers" -gt 1 ]]; then parallel=(-n "$workers" --dist loadgroup); fi ;;
 esac
 exec "$PY" -m pytest ${parallel[@]+"${parallel[@]}"} "$@"

@@ -1,8 +1,11 @@
 """Shared fixtures: the repository root, running commands and launchers, a private quiz
-progress file. Kept small and generic; lesson tests add their own helpers."""
+progress file, and one cache of lesson launches per test run. Kept small and generic; lesson
+tests add their own helpers."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -48,3 +51,40 @@ def progress_file(tmp_path, monkeypatch) -> Path:
     path = tmp_path / "progress.json"
     monkeypatch.setenv(PROGRESS_ENV, str(path))
     return path
+
+
+def pytest_configure(config):
+    """One folder of finished lesson launches per test run, shared by every xdist worker and
+    every notebook kernel (they inherit the variable): a launch with the same lesson, flags,
+    NPROC and environment runs once (course_lab.notebook.launch_lesson). Made by the controller
+    before the workers start; a worker finds it already set."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("COURSE_RUN_CACHE"):
+        return
+    folder = tempfile.mkdtemp(prefix="fsdp-course-runs-")
+    os.environ["COURSE_RUN_CACHE"] = folder
+    config._course_run_cache = folder
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "_course_run_cache", None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.environ.pop("COURSE_RUN_CACHE", None)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Group tests for pytest-xdist (``--dist loadgroup`` in launch/test.sh): a lesson's script
+    tests and its notebook run on one worker, one after the other, so the launches they share
+    (see pytest_configure) run once and nobody waits on the other worker; any other file stays
+    whole on one worker (its module fixtures run once)."""
+    for item in items:
+        module = item.path.stem
+        group = module
+        if module.startswith("test_lesson") and module[len("test_lesson"):].isdigit():
+            group = f"lesson{int(module[len('test_lesson'):])}"
+        elif module == "test_notebooks" and hasattr(item, "callspec"):
+            folder = item.callspec.params["path"].parent.name
+            if folder[:2].isdigit():
+                group = f"lesson{int(folder[:2])}"
+        item.add_marker(pytest.mark.xdist_group(group))

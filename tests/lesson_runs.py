@@ -1,26 +1,23 @@
-"""Run a lesson script under torchrun through its launcher and return its metrics (for tests)."""
+"""Run a lesson script under torchrun through its launcher and return its metrics (for tests).
+
+A thin wrapper over ``course_lab.notebook.launch_lesson``, the one way the course runs a
+lesson from Python; within a test run, the same launch (lesson, flags, NPROC, environment) is
+shared with the notebook's test (see tests/conftest.py).
+"""
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
-
-from helpers import run_cmd
-
-REPO = Path(__file__).resolve().parents[1]
+from course_lab.notebook import LessonRun, launch_lesson
 
 
-def launch(lesson: int, *args, nproc: int = 2, tmp: Path, env: dict | None = None,
-           timeout: int = 600):
-    """``NPROC=nproc bash launch/lessonN.sh args --metrics tmp/...``; returns (process, metrics)."""
-    metrics = tmp / f"lesson{lesson}-n{nproc}-{abs(hash(args))}.json"
-    proc = run_cmd(["bash", REPO / "launch" / f"lesson{lesson}.sh", *map(str, args),
-                    "--metrics", metrics],
-                   env={"NPROC": nproc, "PYTHON": sys.executable, **(env or {})}, timeout=timeout)
-    data = json.loads(metrics.read_text()) if metrics.exists() else None
-    return proc, data
+def launch(lesson: int, *args, nproc: int = 2, tmp=None, env: dict | None = None,
+           timeout: int = 600) -> tuple[LessonRun, dict | None]:
+    """``NPROC=nproc bash launch/lessonN.sh args``; returns (finished run, metrics or None).
+    ``tmp`` is accepted for older callers and unused: the metrics file lives in a temporary
+    folder of its own."""
+    run = launch_lesson(lesson, *args, nproc=nproc, env=env, timeout=timeout)
+    return run, run.metrics
 
 
-def ok(proc) -> None:
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+def ok(run) -> None:
+    assert run.returncode == 0, f"exit {run.returncode}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"

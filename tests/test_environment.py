@@ -46,10 +46,10 @@ def test_pyproject_basics():
     assert SpecifierSet(project["requires-python"]) == SpecifierSet(">=3.10")
     names = set(by_name(project["dependencies"]))
     for needed in ["torch", "jupyterlab", "ipykernel", "ipywidgets", "nbclient", "nbformat",
-                   "nbval", "pytest", "matplotlib"]:
+                   "pytest", "matplotlib"]:
         assert needed in names
     pytest_cfg = pyproject()["tool"]["pytest"]["ini_options"]
-    assert pytest_cfg["testpaths"] == ["tests", "lessons"]  # lessons: nbval runs the notebooks
+    assert pytest_cfg["testpaths"] == ["tests"]  # tests/test_notebooks.py runs the notebooks
     assert "-ra" in pytest_cfg["addopts"]
     assert {m.split(":")[0] for m in pytest_cfg["markers"]} >= {"slow", "browser"}
 

@@ -1,13 +1,17 @@
-"""Every lesson notebook, executed with the worked solutions swapped into its exercise cells.
+"""Every notebook, executed once top to bottom the way a learner first meets it, and graded again
+with the worked solutions in, in the same kernel.
 
-(The plain top-to-bottom run is nbval's: pytest collects ``lessons/**/*.ipynb`` with
-``--nbval-lax --nbval-current-env``, see pyproject.toml.) Exercise cells carry the tag
-``exercise:NAME``; ``solutions/NAME.py`` is the full content that replaces them. Cells tagged
-``check`` grade the exercises and must print PASS once the solutions are in.
+Exercise cells carry the tag ``exercise:NAME``; ``solutions/NAME.py`` is the full content that
+replaces them. Cells tagged ``check`` grade the exercises. After each check cell the test
+inserts the solutions of the exercises above it and a copy of the check cell: the original
+check must say "not attempted yet" (what a learner sees before trying), the copy must PASS.
+Executing each notebook once (instead of once plain and once with the solutions) halves the
+notebooks' share of the suite.
 """
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import nbformat
@@ -15,13 +19,18 @@ import pytest
 from nbclient import NotebookClient
 
 REPO = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted(p for p in (REPO / "lessons").glob("*/*.ipynb")
+NOTEBOOKS = sorted(p for p in (REPO / "lessons").rglob("*.ipynb")
                    if ".ipynb_checkpoints" not in p.parts)
+SOLVED = "solution-check"  # marks the inserted copies of check cells
 
 
 def exercise_tags(cell) -> list[str]:
     return [t.split(":", 1)[1] for t in cell.get("metadata", {}).get("tags", [])
             if t.startswith("exercise:")]
+
+
+def is_check(cell) -> bool:
+    return "check" in cell.get("metadata", {}).get("tags", [])
 
 
 def cell_text(cell) -> str:
@@ -33,8 +42,33 @@ def cell_text(cell) -> str:
     return "".join(parts)
 
 
+def with_solutions_after_checks(nb) -> tuple[list, list]:
+    """Insert, after each check cell, the solutions of the exercises above it and a copy of the
+    check. Returns (original check cells, inserted copies), in order."""
+    cells, originals, copies, pending = [], [], [], []
+    for cell in nb.cells:
+        cells.append(cell)
+        pending += exercise_tags(cell)
+        if is_check(cell) and pending:
+            originals.append(cell)
+            for name in pending:
+                solution = REPO / "solutions" / f"{name}.py"
+                assert solution.is_file(), f"exercise {name} has no solutions/{name}.py"
+                cells.append(nbformat.v4.new_code_cell(solution.read_text()))
+            again = copy.deepcopy(cell)
+            again.metadata["tags"] = [*again.metadata.get("tags", []), SOLVED]
+            again.pop("id", None)
+            cells.append(again)
+            copies.append(again)
+            pending = []
+    assert not pending, f"exercises {pending} have no check cell after them"
+    nb.cells = cells
+    return originals, copies
+
+
 def execute(nb, cwd: Path):
-    # jupyter_client starts the "python3" kernel with this very interpreter (sys.executable).
+    # jupyter_client starts the "python3" kernel with this very interpreter (sys.executable);
+    # the kernel inherits the suite's private progress file and its launch cache.
     client = NotebookClient(nb, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(cwd)}})
     return client.execute()
@@ -42,20 +76,35 @@ def execute(nb, cwd: Path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_with_solutions_passes_every_check(path: Path):
+def test_notebook_runs_untouched_then_passes_with_the_solutions(path: Path):
     nb = nbformat.read(path, as_version=4)
-    exercises = [c for c in nb.cells if exercise_tags(c)]
-    checks = [c for c in nb.cells if "check" in c.get("metadata", {}).get("tags", [])]
-    assert len(checks) >= len(exercises), f"{path.name}: every exercise needs a check cell"
-    for cell in exercises:
-        for name in exercise_tags(cell):
-            solution = REPO / "solutions" / f"{name}.py"
-            assert solution.is_file(), f"{path.name}: exercise {name} has no solutions/{name}.py"
-            cell.source = solution.read_text()
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), (
+        f"{path.name} is stored with outputs: clear them (jupyter nbconvert --clear-output)")
+    nb.metadata.setdefault("kernelspec", {"name": "python3", "display_name": "Python 3",
+                                          "language": "python"})
+    originals, copies = with_solutions_after_checks(nb)
 
-    execute(nb, path.parent)
+    execute(nb, path.parent)  # raises CellExecutionError, with the cell, if any cell fails
 
-    for cell in checks:
+    for cell in originals:
+        text = cell_text(cell)
+        assert "not attempted yet" in text and "PASS" not in text, (
+            f"{path.name}: an untouched exercise's check should say 'not attempted yet':\n{text}")
+    for cell in copies:
         text = cell_text(cell)
         assert "PASS" in text and "FAIL" not in text and "not attempted" not in text, (
             f"{path.name}: a check cell did not pass with the solutions in:\n{text}")
+
+
+def test_solutions_are_inserted_after_their_check(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    exercise = nbformat.v4.new_code_cell("def f():\n    raise NotImplementedError")
+    exercise.metadata["tags"] = ["exercise:lesson1_predict_bytes"]
+    check = nbformat.v4.new_code_cell("check(f)")
+    check.metadata["tags"] = ["check"]
+    nb.cells = [nbformat.v4.new_code_cell("x = 1"), exercise, check, nbformat.v4.new_code_cell("y")]
+    originals, copies = with_solutions_after_checks(nb)
+    sources = [c.source for c in nb.cells]
+    assert sources[:3] == ["x = 1", exercise.source, "check(f)"]
+    assert sources[3] == (REPO / "solutions" / "lesson1_predict_bytes.py").read_text()
+    assert sources[4:] == ["check(f)", "y"] and originals == [check] and copies == [nb.cells[4]]

@@ -108,23 +108,19 @@ def check_accumulate(learner_fn, accum: int = 4, nproc: int = 2,
     if problem:
         return False, problem
 
-    from course_lab.notebook import _env, launcher, run_command
-    from fsdp_course.report import read_metrics
+    from course_lab.notebook import launch_lesson
 
     source = textwrap.dedent(inspect.getsource(learner_fn))
     with tempfile.TemporaryDirectory(prefix="lesson3-exercise-") as tmp:
         loop_file = Path(tmp) / "my_accumulate.py"
         loop_file.write_text(PREAMBLE + source)
-        metrics_file = Path(tmp) / "metrics.json"
-        command = ["bash", str(launcher(3)), "--api", "fsdp1", "--accum", str(accum),
-                   "--steps", "1", "--batch-size", "4", "--loop-file", str(loop_file),
-                   "--metrics", str(metrics_file)]
-        done = run_command(command, env=_env(nproc, None), echo=False)
-        if done.returncode != 0 or not metrics_file.is_file():
+        done = launch_lesson(3, "--api", "fsdp1", "--accum", accum, "--steps", 1,
+                             "--batch-size", 4, "--loop-file", loop_file, nproc=nproc)
+        if done.returncode != 0 or done.metrics is None:
             tail = " | ".join(done.stdout.strip().splitlines()[-3:])
             return False, (f"your loop failed under torchrun (exit {done.returncode}): {tail}  "
                            "(it runs from a file of its own: import what it needs inside it)")
-        run = read_metrics(metrics_file)["results"]["runs"][0]
+        run = done.metrics["results"]["runs"][0]
     worst = max(r["rel_err"] for r in run["ranks"] if r["rel_err"] is not None) \
         if any(r["rel_err"] is not None for r in run["ranks"]) else None
     if not run["grads_equal"]:

@@ -46,14 +46,12 @@ def _last_error(output: str) -> str:
 
 
 def _run(args: list[str], nproc: int) -> tuple[dict | None, str]:
-    from course_lab.notebook import _env, launcher, run_command
-    from fsdp_course.report import read_metrics
+    from course_lab.notebook import launch_lesson
 
-    metrics = Path(args[args.index("--metrics") + 1])
-    result = run_command(["bash", str(launcher(4)), *args], env=_env(nproc, None), echo=False)
-    if result.returncode != 0 or not metrics.is_file():
-        return None, _last_error(result.stdout)
-    return read_metrics(metrics), result.stdout
+    run = launch_lesson(4, *args, nproc=nproc)
+    if run.returncode != 0 or run.metrics is None:
+        return None, _last_error(run.stdout)
+    return run.metrics, run.stdout
 
 
 def _hint(different: list[str]) -> str:
@@ -80,12 +78,12 @@ def check_dcp_save_load(save, load=None, save_ranks: int = 2, load_ranks: int = 
         module.write_text(source)
         ckpt_dir = Path(tmp) / "checkpoint"
         saved, out = _run(["--ckpt-module", str(module), "--save", str(ckpt_dir), "--steps", str(steps),
-                           "--ckpt-dir", str(Path(tmp) / "unused"), "--metrics", str(Path(tmp) / "save.json")],
+                           "--ckpt-dir", str(Path(tmp) / "unused")],
                           save_ranks)
         if saved is None:
             return False, f"saving on {save_ranks} ranks failed: {out}"
         loaded, out = _run(["--ckpt-module", str(module), "--load", str(ckpt_dir),
-                            "--ckpt-dir", str(Path(tmp) / "unused"), "--metrics", str(Path(tmp) / "load.json")],
+                            "--ckpt-dir", str(Path(tmp) / "unused")],
                            load_ranks)
         if loaded is None:
             return False, (f"saved on {save_ranks} ranks, but loading on {load_ranks} ranks failed: "
