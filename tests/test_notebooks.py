@@ -12,6 +12,7 @@ notebooks' share of the suite.
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import nbformat
@@ -40,6 +41,56 @@ def cell_text(cell) -> str:
         data = out.get("data", {})
         parts.append(data.get("text/plain", ""))
     return "".join(parts)
+
+
+# A number in a notebook's prose must be printed by one of its outputs (issue: "measured
+# truth"): numbers with a thousands separator, a decimal point, a % or an exponent, or two or
+# more digits. Not checked: numbers inside `code` or $math$, lesson numbers ("lesson 3",
+# "lessons 1-5"), years, and link targets.
+NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+\.\d+|\d+)(%|e[-+]?\d+)?(?![\w])")
+NOT_PROSE = re.compile(r"`[^`]*`|\$[^$]*\$|\]\([^)]*\)|<[^>]*>|\b[Ll]essons? \d+(?:\s*[-–,]\s*\d+)*")
+
+
+def prose_numbers(markdown: str) -> list[str]:
+    """The numbers a markdown cell states in prose (see NUMBER and NOT_PROSE)."""
+    found = []
+    for line in markdown.splitlines():
+        if line.lstrip().startswith("#"):
+            line = re.sub(r"^\s*#+\s*\d+(\.\d+)*\.?", "", line)  # "## 3. Title"
+        line = re.sub(r"^\s*\d+\.\s", "", line)  # a numbered list item
+        for number, suffix in NUMBER.findall(NOT_PROSE.sub(" ", line)):
+            token = number + (suffix or "")
+            plain = number.replace(",", "")
+            if "." not in plain and not suffix and (len(plain) < 2 or (
+                    len(plain) == 4 and plain.startswith(("19", "20")))):
+                continue  # one digit, or a year
+            found.append(token)
+    return found
+
+
+def output_text(nb) -> str:
+    """Everything the executed notebook printed or displayed, thousands separators removed."""
+    parts = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        for out in cell.get("outputs", []):
+            parts.append(out.get("text", ""))
+            parts.append(out.get("evalue", ""))
+            for kind in ("text/plain", "text/html", "text/markdown"):
+                parts.append(out.get("data", {}).get(kind, ""))
+    return re.sub(r"(?<=\d),(?=\d{3})", "", "".join(str(p) for p in parts))
+
+
+def unprinted_numbers(nb) -> list[str]:
+    printed = output_text(nb)
+    missing = []
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for token in prose_numbers(cell.source):
+                if token.replace(",", "") not in printed:
+                    missing.append(token)
+    return missing
 
 
 def with_solutions_after_checks(nb) -> tuple[list, list]:
@@ -94,6 +145,21 @@ def test_notebook_runs_untouched_then_passes_with_the_solutions(path: Path):
         text = cell_text(cell)
         assert "PASS" in text and "FAIL" not in text and "not attempted" not in text, (
             f"{path.name}: a check cell did not pass with the solutions in:\n{text}")
+    missing = unprinted_numbers(nb)
+    assert not missing, (f"{path.name}: numbers stated in the text that no output of the "
+                         f"notebook prints (print them from the code that measured them, or "
+                         f"drop them): {missing}")
+
+
+def test_numbers_in_prose_must_be_printed():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell(
+        "## 2. Lesson 3 in 2026\n1. The root holds 15,387 parameters, 3.08 MiB, rel err 6% "
+        "on 2 ranks (`--steps 20`, $16P/N$), see [x](a/12.html)."),
+        nbformat.v4.new_code_cell("")]
+    assert prose_numbers(nb.cells[0].source) == ["15,387", "3.08", "6%"]
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", text="root 15387 | 3.084 MiB\n")]
+    assert unprinted_numbers(nb) == ["6%"]
 
 
 def test_solutions_are_inserted_after_their_check(tmp_path):
