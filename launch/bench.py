@@ -1,4 +1,5 @@
-"""Time every lesson notebook and lesson script; print a table. Run it with `bash launch/bench.sh`.
+"""Time every lesson notebook and lesson script, and measure what the course's instruments cost
+(launch/overhead.py); print a table. Run it with `bash launch/bench.sh`.
 
 Everything runs in a temporary copy of the repository, so nothing is written into the repo
 (metrics files, checkpoints, executed notebooks, quiz progress). Environment:
@@ -98,6 +99,17 @@ def run_script(root: Path, number: int, log: Path, workdir: Path) -> tuple[bool,
     return True, ""
 
 
+def instrumentation_overhead(root: Path, workdir: Path) -> str | None:
+    """launch/overhead.py under torchrun: ms per step with and without the course's
+    instruments (its one summary line), or None when it failed."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "fsdp_course.torchrun", "--standalone",
+         f"--nproc-per-node={os.environ.get('NPROC', '2')}", str(root / "launch" / "overhead.py")],
+        cwd=workdir, capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("instrumentation overhead")]
+    return lines[-1] if proc.returncode == 0 and lines else None
+
+
 def main() -> int:
     repo = Path(__file__).resolve().parent.parent
     only = [w.strip() for w in os.environ.get("BENCH_ONLY", "").split(",") if w.strip()]
@@ -121,7 +133,8 @@ def main() -> int:
     os.environ.setdefault("MPLBACKEND", "Agg")
 
     items = find_items(root, only)
-    if not items:
+    want_overhead = selected("script", "overhead.py", None, only)
+    if not items and not want_overhead:
         print(f"bench: nothing to run (BENCH_ONLY={os.environ.get('BENCH_ONLY', '')!r})", file=sys.stderr)
         shutil.rmtree(tmp, ignore_errors=True)
         return 1
@@ -148,7 +161,16 @@ def main() -> int:
             status = "yes"
         rows.append((kind, name, f"{seconds:.1f}", "-" if budget is None else f"{budget:.0f}", status))
 
-    total = sum(float(r[2]) for r in rows)
+    if want_overhead:
+        print("bench: instrumentation overhead ...", file=sys.stderr, flush=True)
+        overhead = instrumentation_overhead(root, work)
+        rows.append(("overhead", "launch/overhead.py", "-", "-", "yes" if overhead else "FAIL"))
+        if not overhead:
+            failures.append("overhead: launch/overhead.py failed")
+    else:
+        overhead = None
+
+    total = sum(float(r[2]) for r in rows if r[2] != "-")
     header = ("kind", "name", "seconds", "budget", "ok")
     table = [header, *rows, ("total", "", f"{total:.1f}", "", "yes" if not failures else "no")]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
@@ -157,6 +179,8 @@ def main() -> int:
         if i == 0 or i == len(table) - 2:
             print("-+-".join("-" * w for w in widths))
 
+    if overhead:
+        print(f"\n{overhead}")
     if failures:
         print("\nproblems:", file=sys.stderr)
         for line in failures:
