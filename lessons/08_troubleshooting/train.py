@@ -1,0 +1,198 @@
+"""Lesson 8: when it breaks, and beyond one machine (FSDP2 on 1-D, HSDP and data x tensor meshes).
+
+    bash launch/lesson8.sh                                        # healthy: fully_shard on 2 ranks
+    COURSE_TIMEOUT_S=6 bash launch/lesson8.sh --fault uneven-data # a rank skips a collective: hang
+    TORCH_DISTRIBUTED_DEBUG=DETAIL bash launch/lesson8.sh --fault uneven-data   # names the mismatch
+    COURSE_TIMEOUT_S=6 bash launch/lesson8.sh --fault rank-branch # a collective under `if rank == 0`
+    bash launch/lesson8.sh --fault exception                      # one rank raises: who was first?
+    bash launch/lesson8.sh --fault oom --memory-limit-mib 48      # one batch too big for the budget
+    # two "nodes" on this machine, HSDP: replicate across nodes, shard within (run both lines):
+    NNODES=2 NODE_RANK=0 MASTER_ADDR=127.0.0.1 bash launch/lesson8.sh --replicas 2 --compare-flat
+    NNODES=2 NODE_RANK=1 MASTER_ADDR=127.0.0.1 bash launch/lesson8.sh --replicas 2 --compare-flat
+    # node 1's workers killed at step 5, both nodes restart from the last checkpoint:
+    MAX_RESTARTS=1 NNODES=2 NODE_RANK=0|1 MASTER_ADDR=127.0.0.1 bash launch/lesson8.sh \\
+        --replicas 2 --ckpt-every 2 --kill-node-at-step 5
+    NPROC=4 bash launch/lesson8.sh --tp 2                         # 2-D mesh: FSDP x tensor parallel
+"""
+
+import copy
+import os
+import signal
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.fsdp import fully_shard
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the lesson's own modules
+import faults  # noqa: E402
+import scale  # noqa: E402
+
+from fsdp_course import checkpoint as ckpt  # noqa: E402
+from fsdp_course import theory  # noqa: E402
+from fsdp_course.theory import hsdp  # noqa: E402
+from fsdp_course.config import TrainConfig, describe, parse_config  # noqa: E402
+from fsdp_course.data import load_data  # noqa: E402
+from fsdp_course.dist import CourseError, distributed, mean_over_ranks  # noqa: E402
+from fsdp_course.measure import MiB, state_bytes  # noqa: E402
+from fsdp_course.model import GPT, lm_loss  # noqa: E402
+from fsdp_course.report import MetricLogger, write_metrics  # noqa: E402
+
+# The model returns logits that are a view: harmless here (nothing writes into them in place).
+warnings.filterwarnings("ignore", message=".*returned a view tensor")
+
+
+@dataclass
+class Config(TrainConfig):
+    steps: int = 6
+    d_model: int = 64  # small: here the failures and the layouts are the point, not the model
+    n_layers: int = 2
+    log_every: int = 1
+    fault: str = field(default="none", metadata={"choices": faults.FAULTS, "help": "reproduce a failure"})
+    fault_step: int = field(default=3, metadata={"help": "the step at which the fault strikes"})
+    memory_limit_mib: float = field(default=0, metadata={"help": "per-rank memory budget over what is used after step 0 (0: none)"})
+    replicas: int = field(default=1, metadata={"help": "HSDP: (replicas, ranks/replicas) mesh; use the number of nodes"})
+    compare_flat: bool = field(default=False, metadata={"help": "also measure one step of plain FSDP over all ranks"})
+    tp: int = field(default=1, metadata={"help": "tensor-parallel degree: a (data, tensor) mesh"})
+    ckpt_every: int = field(default=0, metadata={"help": "DCP checkpoint every N steps (0: never)"})
+    ckpt_dir: str = field(default="runs/lesson8/ckpt", metadata={"help": "where checkpoints go"})
+    kill_node_at_step: int | None = field(default=None, metadata={"help": "the last node's workers SIGKILL themselves once, at this step"})
+
+
+def build(cfg, reference, fsdp_mesh, tp_mesh):
+    # --- model: a copy of the reference, so every rank and every layout starts identical ------
+    model = copy.deepcopy(reference)
+    if tp_mesh is not None:  # tensor parallelism first: fully_shard then shards the TP shards
+        scale.tensor_parallel_mlp(model, tp_mesh)
+    # --- shard: one unit per block, then the root; the mesh decides FSDP / HSDP / 2-D --------
+    for block in model.blocks:
+        fully_shard(block, mesh=fsdp_mesh)
+    fully_shard(model, mesh=fsdp_mesh)
+    # --- optimizer: after sharding, so it holds the DTensor shards ---------------------------
+    return model, torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+
+
+def save_checkpoint(path, model, optimizer, step, env):
+    model_sd, optim_sd = get_state_dict(model, optimizer)  # this rank's DTensor shards
+    with ckpt.atomic_dir(path, env.is_rank0) as tmp:  # renamed into place once all ranks wrote
+        dcp.save({"model": model_sd, "optim": optim_sd, "step": step}, checkpoint_id=tmp)
+
+
+def load_checkpoint(path, model, optimizer) -> int:
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd, "step": 0}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return state["step"]
+
+
+def train(cfg, env, data, model, optimizer, start, counter=None, logger=None, save=True):
+    """The loop, with the lesson's faults where real jobs meet them. Returns the last loss."""
+    dp_size, dp_rank = env.world_size // cfg.tp, env.rank // cfg.tp  # TP partners: same batch
+    my_steps = faults.steps_for_rank(cfg.fault, cfg.fault_step, cfg.steps, env.rank, env.world_size)
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    loss_value = float("nan")
+    for step in range(start, my_steps):  # uneven-data: the last rank's data ends early (BUG)
+        if step == cfg.kill_node_at_step and restart == 0 and int(os.environ.get("GROUP_RANK", 0)) == int(os.environ.get("GROUP_WORLD_SIZE", 1)) - 1:
+            os.kill(os.getpid(), signal.SIGKILL)  # a node dies: every worker of the last agent
+        faults.corrupt_sample_check(cfg.fault, cfg.fault_step, step, env.rank, env.world_size)
+        rows = cfg.batch_size * faults.batch_scale(cfg.fault, cfg.fault_step, step)
+        x, y = data.batch(step, dp_rank, dp_size, rows, cfg.seq_len, env.device)
+        start_time = time.perf_counter()
+        with counter if counter is not None and step == start else scale.nothing():
+            loss = lm_loss(model(x), y)
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if cfg.fault == "rank-branch" and step == cfg.fault_step:
+            if env.is_rank0:  # BUG: a collective only rank 0 calls ("the global loss, for the log")
+                loss_value = mean_over_ranks(loss)
+        else:
+            loss_value = mean_over_ranks(loss)
+        if logger is not None:
+            logger.log(step, loss_value, (time.perf_counter() - start_time) * 1e3,
+                       sum(state_bytes(model, optimizer).values()) / MiB,
+                       counter.total_bytes / MiB if counter is not None and step == start else 0.0,
+                       last=step == cfg.steps - 1)
+        if save and cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0:
+            save_checkpoint(ckpt.step_dir(cfg.ckpt_dir, step + 1), model, optimizer, step + 1, env)
+    return loss_value
+
+
+@record  # writes this rank's exception into torchrun's error file: the root-cause report names it
+def run(cfg, env):
+    # --- setup -------------------------------------------------------------------------------
+    ckpt.quiet_state_dict_warnings()
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    scale.validate(cfg, env)
+    nodes = scale.node_of_every_rank(env)
+    mesh, fsdp_mesh, tp_mesh = scale.build_mesh(env, cfg.replicas, cfg.tp)
+    env.print0(f"lesson 8 | {env.world_size} ranks on {len(set(nodes))} node(s) {nodes} | "
+               f"{env.backend} | mesh {tuple(mesh.shape)} {mesh.mesh_dim_names} | attempt {restart} | {describe(cfg)}")
+    data = load_data(cfg.data, seed=cfg.seed)
+    torch.manual_seed(cfg.seed)
+    reference = GPT(cfg.model_config(data.vocab_size)).to(env.device)
+    model, optimizer = build(cfg, reference, fsdp_mesh, tp_mesh)
+    results = {"nodes": nodes, "mesh": {"shape": list(mesh.shape), "names": list(mesh.mesh_dim_names)},
+               "restart_count": restart, "placements": scale.placements_table(model)}
+
+    # --- checkpoint: a restarted job resumes from the newest complete checkpoint ------------------
+    start = 0
+    if restart > 0 and ckpt.latest(cfg.ckpt_dir):
+        start = load_checkpoint(ckpt.latest(cfg.ckpt_dir), model, optimizer)
+        env.print0(f"resumed from {ckpt.latest(cfg.ckpt_dir)} (step {start})")
+    elif env.is_rank0 and cfg.ckpt_every:
+        ckpt.prune(cfg.ckpt_dir, 0)
+    results["resumed_from"] = start
+
+    # --- loop --------------------------------------------------------------------------------
+    counter = scale.ScopedCommCounter(nodes)
+    logger = MetricLogger(env, cfg.log_every)
+    results["grad_check"] = scale.grad_check(model, data, cfg, env, start)
+    if cfg.memory_limit_mib:
+        results["memory_limit"] = faults.limit_memory(cfg.memory_limit_mib, env.device)
+    train(cfg, env, data, model, optimizer, start, counter, logger)
+    dist.barrier()  # every rank has finished training before the report
+
+    # --- report ------------------------------------------------------------------------------
+    results["collectives"] = counter.scoped
+    shapes = scale.group_shapes(reference)
+    if cfg.replicas > 1:
+        results["theory"] = hsdp.hsdp_collective_bytes(shapes, cfg.replicas, env.world_size // cfg.replicas)
+    elif cfg.tp == 1:
+        results["theory"] = {"intra": theory.fsdp2.collective_bytes_theory(shapes, env.world_size), "inter": {}}
+    if cfg.compare_flat:
+        results["flat"] = scale.measure_flat(cfg, env, reference, data, nodes, mesh, shapes)
+    if cfg.ckpt_every:  # the same run, uninterrupted, in this process: bitwise equal?
+        fresh, fresh_opt = build(cfg, reference, fsdp_mesh, tp_mesh)
+        train(cfg, env, data, fresh, fresh_opt, 0, save=False)
+        results["bitwise"] = ckpt.compare_fingerprints(ckpt.fingerprint(model, optimizer),
+                                                       ckpt.fingerprint(fresh, fresh_opt))
+        env.print0(f"restarted run vs uninterrupted run: bitwise equal = {results['bitwise']['equal']} "
+                   f"({results['bitwise']['tensors']} tensors)")
+    scale.print_report(env, results)
+    write_metrics(cfg.metrics, "lesson8", env, cfg, logger.history, results)
+
+
+def main() -> None:
+    cfg = parse_config(Config, __doc__)
+    with distributed(seed=cfg.seed) as env:
+        try:
+            run(cfg, env)
+        except RuntimeError as exc:
+            if faults.is_collective_error(exc):  # which collective was this rank last waiting in?
+                for entry in faults.flight_recorder_tail():
+                    faults.say_rank(env.rank, f"flight recorder: #{entry['seq']} {entry['op']} "
+                                              f"sizes {entry['sizes']} {entry['state']}")
+            raise
+
+
+if __name__ == "__main__":
+    main()
