@@ -1,4 +1,5 @@
-"""HSDP across nodes (lesson 8): which collective runs over which link, and how many bytes.
+"""Meshes beyond one dimension (lesson 8): HSDP across nodes (which collective runs over which
+link, and how many bytes), and a data x tensor mesh (what tensor parallelism adds).
 
 A job of ``R`` nodes with ``S`` ranks each lays its device mesh out as ``(R, S)``, names
 ``("replicate", "shard")``. torchrun numbers ranks node by node (rank = node * S + local_rank),
@@ -55,3 +56,19 @@ def flat_collective_bytes(group_shapes: list[list[list[int]]], nodes: int, ranks
     payload = collective_bytes_theory(group_shapes, world, reshard_after_forward, root_reshards,
                                       param_bytes, reduce_bytes)
     return {"intra": {}, "inter": payload} if nodes > 1 else {"intra": payload, "inter": {}}
+
+
+def tp_mlp_all_reduce_bytes(rows: int, seq_len: int, d_model: int, n_layers: int,
+                            act_bytes: int = 4) -> int:
+    """Payload all-reduced per step by Megatron-style tensor parallelism of each block's MLP
+    (``fc`` column-wise, ``proj`` row-wise), for ``rows`` sequences on one tensor-parallel group.
+
+        forward:  proj's partial sums are all-reduced: one [rows, seq, d_model] tensor per block
+        backward: fc's input gradient (each rank holds a slice of the hidden units) is
+                  all-reduced: one more [rows, seq, d_model] tensor per block
+        total = 2 * n_layers * rows * seq_len * d_model * act_bytes
+
+    These are activations, so they grow with the batch, not with the model: tensor parallelism
+    talks in every layer and belongs on the fastest links (within a node).
+    """
+    return 2 * n_layers * rows * seq_len * d_model * act_bytes

@@ -60,8 +60,19 @@ def tensor_parallel_mlp(model, tp_mesh) -> None:
         parallelize_module(block.mlp, tp_mesh, {"fc": ColwiseParallel(), "proj": RowwiseParallel()})
 
 
+FUNCTIONAL = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
+              "reduce_scatter_tensor": "reduce_scatter"}
+
+
 def _group_ranks(args) -> list[int] | None:
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
     for arg in args:
+        if isinstance(arg, str) and not arg.isalpha():  # a functional collective's group name
+            try:
+                return dist.get_process_group_ranks(_resolve_process_group(arg))
+            except (RuntimeError, ValueError, KeyError):
+                continue
         if isinstance(arg, torch.ScriptObject):
             try:
                 return dist.get_process_group_ranks(dist.ProcessGroup.unbox(arg))
@@ -72,7 +83,9 @@ def _group_ranks(args) -> list[int] | None:
 
 class ScopedCommCounter(CommCounter):
     """``CommCounter`` that also files each collective under the link it uses: ``intra``
-    (every rank of its group on one node) or ``inter`` (the group spans nodes)."""
+    (every rank of its group on one node) or ``inter`` (the group spans nodes). It also sees
+    the functional collectives DTensor uses for tensor parallelism (``_c10d_functional``).
+    Payload as ``CommCounter`` counts it: the full tensor gathered, scattered or reduced."""
 
     def __init__(self, node_of_rank: list[int]):
         self.node_of_rank = node_of_rank
@@ -83,15 +96,22 @@ class ScopedCommCounter(CommCounter):
         self.scoped: dict[str, dict[str, dict[str, int]]] = {"intra": {}, "inter": {}}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.name().split("::")[-1]
+        name = func.name().split("::")[-1].split(".")[0]
         if func.namespace == "c10d" and name not in ("wait", "barrier", "monitored_barrier"):
-            ranks = _group_ranks(args) or list(range(len(self.node_of_rank)))
-            scope = "intra" if len({self.node_of_rank[r] for r in ranks}) == 1 else "inter"
-            kind = _op_name(func)
-            entry = self.scoped[scope].setdefault(kind, {"calls": 0, "bytes": 0, "group_size": len(ranks)})
-            entry["calls"] += 1
-            entry["bytes"] += _payload_bytes(kind, args)
+            self._file(_op_name(func), _payload_bytes(_op_name(func), args), args)
+        elif func.namespace == "_c10d_functional" and name in FUNCTIONAL:
+            kind, tensor = FUNCTIONAL[name], args[0]
+            size = tensor.numel() * tensor.element_size()
+            self._file(kind, size * args[1] if kind == "all_gather" else size, args)
+            self.record(kind, size)
         return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def _file(self, kind: str, num_bytes: int, args) -> None:
+        ranks = _group_ranks(args) or list(range(len(self.node_of_rank)))
+        scope = "intra" if len({self.node_of_rank[r] for r in ranks}) == 1 else "inter"
+        entry = self.scoped[scope].setdefault(kind, {"calls": 0, "bytes": 0, "group_size": len(ranks)})
+        entry["calls"] += 1
+        entry["bytes"] += num_bytes
 
     def bytes_by_scope(self) -> dict:
         return {scope: {kind: v["bytes"] for kind, v in kinds.items()}
@@ -145,20 +165,29 @@ def grad_check(model, data, cfg, env, step: int) -> dict:
     from fsdp_course.model import GPT
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+    import logging
+
+    # Gathering TP x FSDP shards logs a warning per tensor ("2 sequential all_gather"): noise here.
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     reference = GPT(cfg.model_config(data.vocab_size)).to(env.device)
     reference.load_state_dict(full)
     dp_size, dp_rank = env.world_size // cfg.tp, env.rank // cfg.tp
     x, y = data.batch(step, 0, 1, cfg.batch_size * dp_size, cfg.seq_len, env.device)
-    lm_loss(reference(x), y).backward()
+    reference_loss = lm_loss(reference(x), y)
+    reference_loss.backward()
     x, y = data.batch(step, dp_rank, dp_size, cfg.batch_size, cfg.seq_len, env.device)
-    lm_loss(model(x), y).backward()
+    loss = lm_loss(model(x), y)
+    loss.backward()
     worst = 0.0
     for p, q in zip(model.parameters(), reference.parameters()):
         grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
         worst = max(worst, (grad - q.grad).abs().max().item())
     model.zero_grad(set_to_none=True)
-    return {"step": step, "max_abs_diff": worst, "params": len(list(reference.parameters()))}
+    from fsdp_course.dist import mean_over_ranks  # tensor-parallel partners hold the same loss
+
+    return {"step": step, "max_abs_diff": worst, "params": len(list(reference.parameters())),
+            "loss": mean_over_ranks(loss), "reference_loss": reference_loss.item()}
 
 
 def measure_flat(cfg, env, reference, data, nodes, mesh, shapes) -> dict:
@@ -197,7 +226,8 @@ def print_report(env, results: dict) -> None:
     if "grad_check" in results:
         check = results["grad_check"]
         env.print0(f"step {check['step']} gradients vs one process on the global batch: "
-                   f"max |diff| = {check['max_abs_diff']:.2e} over {check['params']} parameters")
+                   f"max |diff| = {check['max_abs_diff']:.2e} over {check['params']} parameters; "
+                   f"loss {check['loss']:.6f} vs {check['reference_loss']:.6f}")
     env.print0("\nbytes per collective in one step, by link (payload; theory from fsdp_course.theory):")
     env.print0(table(scope_rows(results["collectives"], results.get("theory"))))
     if "flat" in results:

@@ -168,6 +168,9 @@ def run(cfg, env):
         results["theory"] = hsdp.hsdp_collective_bytes(shapes, cfg.replicas, env.world_size // cfg.replicas)
     elif cfg.tp == 1:
         results["theory"] = {"intra": theory.fsdp2.collective_bytes_theory(shapes, env.world_size), "inter": {}}
+    else:  # the all-reduces tensor parallelism adds (FSDP's own bytes shrink by the TP degree)
+        results["theory"] = {"intra": {"all_reduce": hsdp.tp_mlp_all_reduce_bytes(
+            cfg.batch_size, cfg.seq_len, cfg.d_model, cfg.n_layers)}, "inter": {}}
     if cfg.compare_flat:
         results["flat"] = scale.measure_flat(cfg, env, reference, data, nodes, mesh, shapes)
     if cfg.ckpt_every:  # the same run, uninterrupted, in this process: bitwise equal?
