@@ -17,6 +17,8 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .claims import phrase_error
+
 FORMAT = 1
 TYPES = ("single", "multi", "numeric", "open", "code")
 LANGS = ("en", "zh")
@@ -269,30 +271,75 @@ def _validate_secret(q: Question, s: dict) -> list:
         if not _bilingual(q.unit):
             p.append("unit needs en and zh text")
     elif q.type == "open":
-        ideas = s.get("ideas")
-        if not isinstance(ideas, list) or not ideas:
-            p.append("secret.ideas must be a non-empty list")
-            ideas = []
-        for i, idea in enumerate(ideas):
-            if not _bilingual(idea.get("label")):
-                p.append(f"idea #{i + 1} needs an en and zh label")
-            for lang in LANGS:
-                if not idea.get(lang):
-                    p.append(f"idea #{i + 1} needs {lang} phrasings")
-                for pat in idea.get(lang, []):
-                    if pat.startswith("re:"):
-                        try:
-                            re.compile(pat[3:])
-                        except re.error as exc:
-                            p.append(f"idea #{i + 1}: bad regex {pat!r}: {exc}")
-        if not isinstance(s.get("min_ideas"), int) or not 1 <= s["min_ideas"] <= len(ideas):
-            p.append("secret.min_ideas must be between 1 and the number of ideas")
-        if not _bilingual(s.get("reference")):
-            p.append("secret.reference needs en and zh text")
-        samples = s.get("samples", {})
-        if not all(isinstance(samples.get(k), list) and samples[k] for k in LANGS):
-            p.append("secret.samples needs good en and zh answers (the tests grade them)")
+        p += validate_open(s)
     elif q.type == "code":
         if not re.fullmatch(r"[\w.]+:\w+", str(s.get("checker", ""))):
             p.append("secret.checker must be 'package.module:function'")
+    return p
+
+
+def _says_problems(where: str, says) -> list:
+    if not (isinstance(says, dict) and all(isinstance(says.get(k), list) and says[k] for k in LANGS)):
+        return [f"{where}: 'says' needs en and zh phrasings"]
+    return [f"{where}: phrasing {ph!r}: {err}" for k in LANGS for ph in says[k]
+            for err in [phrase_error(ph) if isinstance(ph, str) else "not a string"] if err]
+
+
+def validate_open(s: dict) -> list:
+    """Problems of an open question's claims (README: "Open questions graded by claims")."""
+    p = []
+    old = sorted({"ideas", "min_ideas", "samples"} & set(s))
+    if old:
+        p.append(f"keyword rubric fields {old} are no longer graded: write claims "
+                 "(quizzes/README.md, 'Open questions graded by claims')")
+    subjects = s.get("subjects", {})
+    if not isinstance(subjects, dict):
+        p.append("secret.subjects must be an object of name -> {en, zh} phrasings")
+        subjects = {}
+    for name, says in subjects.items():
+        p += _says_problems(f"subject {name!r}", says)
+    claims = s.get("claims")
+    if not isinstance(claims, list) or not claims:
+        p.append("secret.claims must be a non-empty list")
+        claims = []
+    ids = set()
+    for c in claims:
+        cid = c.get("id") if isinstance(c, dict) else None
+        if not isinstance(cid, str) or cid in ids:
+            p.append(f"claim {cid!r}: needs a unique string id")
+            continue
+        ids.add(cid)
+        if not _bilingual(c.get("label")):
+            p.append(f"claim {cid!r}: needs an en and zh label")
+        if not isinstance(c.get("weight", 1), int) or not 1 <= c.get("weight", 1) <= 3:
+            p.append(f"claim {cid!r}: weight must be 1, 2 or 3")
+        forms = c.get("forms")
+        if not isinstance(forms, list) or not forms:
+            p.append(f"claim {cid!r}: needs a non-empty list of forms")
+            continue
+        for i, f in enumerate(forms):
+            where = f"claim {cid!r} form #{i + 1}"
+            p += _says_problems(where, f.get("says"))
+            for key in ("subject", "rival"):
+                if key in f and f[key] not in subjects:
+                    p.append(f"{where}: {key} {f[key]!r} is not in secret.subjects")
+            if not f.get("one_way") and not _bilingual(f.get("wrong")):
+                p.append(f"{where}: needs an en and zh 'wrong' text (what the reversed statement gets wrong)")
+            if "rival" in f and not _bilingual(f.get("swapped")):
+                p.append(f"{where}: a form with a rival needs an en and zh 'swapped' text")
+    for i, m in enumerate(s.get("misconceptions", [])):
+        where = f"misconception {m.get('id', '#' + str(i + 1))!r}"
+        if not isinstance(m.get("id"), str) or m["id"] in ids:
+            p.append(f"{where}: needs a unique string id")
+        ids.add(m.get("id"))
+        p += _says_problems(where, m.get("says"))
+        if not _bilingual(m.get("wrong")):
+            p.append(f"{where}: needs an en and zh 'wrong' text")
+        if "subject" in m and m["subject"] not in subjects:
+            p.append(f"{where}: subject {m['subject']!r} is not in secret.subjects")
+    total = sum(c.get("weight", 1) for c in claims if isinstance(c, dict) and isinstance(c.get("weight", 1), int))
+    if not isinstance(s.get("min_claims"), int) or not 1 <= s["min_claims"] <= max(1, total):
+        p.append("secret.min_claims must be between 1 and the claims' total weight")
+    if not _bilingual(s.get("reference")):
+        p.append("secret.reference needs en and zh text")
     return p

@@ -8,6 +8,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from . import claims
 from .bank import Question, QuizError, load_bank
 from .i18n import check_lang, msg
 
@@ -136,57 +137,55 @@ def _grade_numeric(q: Question, answer, lang: str) -> Result:
                               f"{msg('how', lang)} {s['explanation'][lang]}", details)
 
 
-# --- open answers graded by a rubric of key ideas -------------------------------------------
+# --- open answers graded by the claims they make (claims.py) ---------------------------------
 
-_PUNCT = re.compile(r"[^\w]+|_", re.UNICODE)
-
-
-def normalise(text: str) -> str:
-    """Lower case, punctuation and underscores to spaces, whitespace collapsed:
-    'FULL_SHARD all-gathers' -> 'full shard all gathers'."""
-    return " ".join(_PUNCT.sub(" ", text.lower()).split())
+# An answer this short cannot state an idea and its subject; a Chinese character counts as
+# 0.6 of a word (about ten characters say what six English words say).
+MIN_WORDS = 6
 
 
-def phrase_found(phrase: str, lang: str, text_norm: str) -> bool:
-    """English phrases match the normalised text; Chinese ones match it with the spaces removed
-    (Chinese has no spaces between words, learners mix in English terms with or without them).
-    A phrase that starts with 're:' is a regular expression over that same text."""
-    hay = text_norm if lang == "en" else text_norm.replace(" ", "")
-    if phrase.startswith("re:"):
-        return re.search(phrase[3:], hay, re.IGNORECASE) is not None
-    needle = normalise(phrase)
-    if lang != "en":
-        needle = needle.replace(" ", "")
-    return bool(needle) and needle in hay
-
-
-def idea_found(idea: dict, text_norm: str) -> bool:
-    # both languages' phrasings count whatever language the learner chose to write in
-    return any(phrase_found(p, lang, text_norm) for lang in ("en", "zh") for p in idea.get(lang, []))
+def too_short(text: str) -> bool:
+    norm = claims.normalise(text)
+    words = len(re.findall(r"[a-z0-9']+", norm)) + 0.6 * len(claims.CJK_RE.findall(norm))
+    return words < MIN_WORDS
 
 
 def _grade_open(q: Question, answer, lang: str) -> Result:
     if not isinstance(answer, str):
         raise QuizError(f"{q.id} is an open question: answer with text, not {type(answer).__name__}")
     s = q.secret
-    text_norm = normalise(answer)
-    found = [i for i in s["ideas"] if idea_found(i, text_norm)]
-    missed = [i for i in s["ideas"] if i not in found]
-    k, n = s["min_ideas"], len(s["ideas"])
-    correct = len(found) >= k
+    reading = claims.read_answer(answer, s)
+    found = [c for c in s["claims"] if c["id"] in reading.supported]
+    missed = [c for c in s["claims"] if c["id"] not in reading.supported]
+    k, n = s["min_claims"], len(s["claims"])
+    weight = sum(c.get("weight", 1) for c in found)  # a central claim may count for two
+    short = too_short(answer)
+    statement = reading.verb_clauses > 0
+    wrongs = reading.misconceptions
+    correct = weight >= k and not wrongs and not short and statement
+    score = min(1.0, max(0, weight - len(wrongs)) / k)
+    if not correct:
+        score = min(score, 0.5)
 
-    def bullets(ideas):
-        return "\n".join(f"- {i['label'][lang]}" for i in ideas) or f"- {msg('none', lang)}"
+    def bullets(items):
+        return "\n".join(f"- {i['label'][lang]}" for i in items) or f"- {msg('none', lang)}"
 
-    feedback = "\n".join([
-        msg("correct" if correct else "wrong", lang) + " " + msg("need", lang, k=k, n=n, f=len(found)),
-        msg("found", lang), bullets(found),
-        msg("missed", lang), bullets(missed),
-        msg("reference", lang), s["reference"][lang],
-    ])
-    details = {"found": [i.get("id", i["label"]["en"]) for i in found],
-               "missed": [i.get("id", i["label"]["en"]) for i in missed]}
-    return Result(correct, min(1.0, len(found) / k), feedback, details)
+    lines = [msg("correct" if correct else "wrong", lang)]
+    if wrongs:
+        lines.append(msg("misconception", lang))
+        lines += [f"- {text[lang]}" for _, text, _ in wrongs]
+    if short:
+        lines.append(msg("too_short", lang))
+    elif not statement:
+        lines.append(msg("no_statement", lang))
+    lines += [msg("need", lang, k=k, n=n, f=weight),
+              msg("found", lang), bullets(found),
+              msg("missed", lang), bullets(missed),
+              msg("reference", lang), s["reference"][lang]]
+    details = {"found": [c["id"] for c in found], "missed": [c["id"] for c in missed],
+               "misconceptions": [i for i, _, _ in wrongs], "too_short": short,
+               "statement": statement}
+    return Result(correct, score, "\n".join(lines), details)
 
 
 _GRADERS = {"single": _grade_single, "multi": _grade_multi, "numeric": _grade_numeric, "open": _grade_open}
