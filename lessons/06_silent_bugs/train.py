@@ -1,0 +1,113 @@
+"""Lesson 6: the silent bugs. Each runs without an error, the loss falls, and the model is wrong.
+
+A. parameters initialised differently on each rank (part_init.py)
+B. BatchNorm statistics under FSDP (part_batchnorm.py)
+C. mixed precision: which dtype each tensor has, and what that costs (part_precision.py)
+
+Every variant is compared with a single-process run on the global batch (the reference). All
+variants of the chosen parts run in one launch (each torchrun start costs seconds).
+
+    bash launch/lesson6.sh                                   # all parts, all variants, 2 ranks
+    bash launch/lesson6.sh --parts init --init per-rank-seed,ddp,broadcast
+    bash launch/lesson6.sh --parts batchnorm --bn batchnorm,allreduce-bn --bn-batch-sizes 2,8,32
+    NPROC=4 bash launch/lesson6.sh --parts precision --precision fsdp2:fp32/fp32,fsdp2:fp32/bf16
+    bash launch/lesson6.sh --parts exercise --exercise my_loop.py     # the exercise, checked
+    torchrun --standalone --nproc-per-node=2 lessons/06_silent_bugs/train.py   # the same
+"""
+
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import part_batchnorm
+import part_init
+import part_precision
+import exercise_run
+from fsdp_course.config import TrainConfig, describe, parse_config
+from fsdp_course.data import load_data
+from fsdp_course.dist import CourseError, distributed
+from fsdp_course.report import table, write_metrics
+
+PARTS = ("init", "batchnorm", "precision", "exercise")
+HERE = Path(__file__).resolve().parent
+# FSDP2 initialises DTensor shards with the local generator on CPU (part A measures what that
+# does); the warning says as much, once per parameter.
+warnings.filterwarnings("ignore", message="DTensor random operators")
+warnings.filterwarnings("ignore", message=".*returned a view tensor")  # the GPT's logits: harmless
+
+
+def names(kind: str, choices) -> str:
+    return f"{kind}: comma-separated, from {', '.join(choices)}"
+
+
+@dataclass
+class Config(TrainConfig):
+    steps: int = field(default=6, metadata={"help": "optimizer steps per variant"})
+    d_model: int = field(default=64, metadata={"help": "part A's GPT width"})
+    n_layers: int = field(default=2, metadata={"help": "part A's GPT blocks"})
+    seq_len: int = field(default=32, metadata={"help": "part A's tokens per sequence"})
+    log_every: int = field(default=100, metadata={"help": "print a metric line every N steps"})
+    parts: str = field(default=",".join(PARTS), metadata={"help": names("parts to run", PARTS)})
+    init: str = field(default=",".join(part_init.INIT_VARIANTS),
+                      metadata={"help": names("part A variants", part_init.INIT_VARIANTS)})
+    bn: str = field(default=",".join(part_batchnorm.BN_VARIANTS),
+                    metadata={"help": names("part B variants", part_batchnorm.BN_VARIANTS)})
+    bn_batch: int = field(default=8, metadata={"help": "part B: samples per rank per step"})
+    bn_batch_sizes: str = field(default="2,4,8,16,32", metadata={
+        "help": "part B: per-rank batch sizes of the error sweep (one plain-BatchNorm step each)"})
+    precision: str = field(default=",".join(part_precision.DEFAULT_SPECS), metadata={
+        "help": "part C: comma-separated API:PARAM/REDUCE[/BUFFER][+MOD...], API fsdp2|classic, "
+                "dtypes fp32|bf16|fp16, BUFFER classic only, MOD scaler|nocast|unit "
+                "(a GradScaler; features not cast: the dtype-mismatch bug; the MLP its own unit)"})
+    precision_steps: int = field(default=20, metadata={"help": "part C: optimizer steps per variant"})
+    global_batch: int = field(default=64, metadata={
+        "help": "part C: samples per step over all ranks (fixed, so N=2 and N=4 are comparable)"})
+    exercise: str | None = field(default=None, metadata={
+        "help": "the exercise: a .py file defining train(env, batches, steps, seed) "
+                "(default: mystery_loop.py, the loop with the bug)"})
+
+
+def split(text: str, choices, flag: str) -> list[str]:
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    for item in items:
+        if item not in choices:
+            raise CourseError(f"--{flag} {item}: choose from {', '.join(choices)}")
+    return items
+
+
+def main() -> None:
+    cfg = parse_config(Config, __doc__)
+    with distributed(seed=cfg.seed) as env:
+        # --- setup: every flag checked before anything runs ------------------------------------
+        parts = split(cfg.parts, PARTS, "parts")
+        inits = split(cfg.init, part_init.INIT_VARIANTS, "init") if "init" in parts else []
+        bns = split(cfg.bn, part_batchnorm.BN_VARIANTS, "bn") if "batchnorm" in parts else []
+        sweep = part_batchnorm.parse_sizes(cfg.bn_batch_sizes) if "batchnorm" in parts else []
+        specs = part_precision.parse_specs(cfg.precision, cfg.global_batch, env.world_size) \
+            if "precision" in parts else []
+        loop = exercise_run.load(cfg.exercise or HERE / "mystery_loop.py") if "exercise" in parts else None
+        env.print0(f"lesson 6 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
+        results = {}
+
+        if inits:  # --- A: initialisation across ranks ------------------------------------------
+            data = load_data(cfg.data, seed=cfg.seed)
+            model_cfg = cfg.model_config(data.vocab_size)
+            ref = part_init.reference(cfg, env, data, model_cfg) if env.rank == 0 else {"init": {}}
+            runs = [part_init.run(v, cfg, env, data, model_cfg, ref) for v in inits]
+            results["init"] = {"runs": runs, "reference_losses": ref.get("losses")}
+            env.print0("\nA. initialisation: each variant vs one process on the global batch")
+            if env.rank == 0:
+                print(table(part_init.summary(runs)), flush=True)
+        if bns or sweep:  # --- B: BatchNorm ---------------------------------------------------
+            results["batchnorm"] = part_batchnorm.run_all(bns, sweep, cfg, env)
+        if specs:  # --- C: mixed precision ------------------------------------------------------
+            results["precision"] = part_precision.run_all(specs, cfg, env)
+        if loop is not None:  # --- the exercise ---------------------------------------------------
+            results["exercise"] = exercise_run.run(loop, cfg, env)
+
+        # --- report ----------------------------------------------------------------------------
+        write_metrics(cfg.metrics, "lesson6", env, cfg, [], results)
+
+
+if __name__ == "__main__":
+    main()
