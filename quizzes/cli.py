@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import progress
+from . import claims, corpus, progress
 from .bank import (BANK_DIR, LANGS, QuizError, dump_bank, from_authoring, known_lessons, load_bank,
                    to_authoring)
 from .grading import grade_question
@@ -22,6 +22,8 @@ examples:
   python -m quizzes progress                      your scores per lesson
   python -m quizzes unseal lesson1 > /tmp/l1.json # authoring: edit, then
   python -m quizzes seal /tmp/l1.json             # writes quizzes/banks/lesson1.json
+  python -m quizzes explain lesson1 q_full_vs_shard_grad_op "FULL_SHARD frees ..."
+  python -m quizzes corpus tests/data/quiz_corpus/lesson1.json
 
 answers file for `grade` (JSON):
   {"lesson": "lesson1", "lang": "en",
@@ -59,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", help="write here instead of quizzes/banks/<lesson>.json")
     u = sub.add_parser("unseal", help="authoring: print a bank in plain, editable JSON")
     u.add_argument("lesson")
+    e = sub.add_parser("explain", help="authoring: how an open answer is read, clause by clause")
+    e.add_argument("lesson")
+    e.add_argument("qid")
+    e.add_argument("answer")
+    e.add_argument("--lang", choices=LANGS, default="en")
+    c = sub.add_parser("corpus", help="authoring: grade labelled corpora, precision / recall per question")
+    c.add_argument("files", nargs="+", metavar="CORPUS_FILE")
     return p
 
 
@@ -217,8 +226,34 @@ def cmd_unseal(args) -> int:
     return 0
 
 
+def cmd_explain(args) -> int:
+    q = load_bank(args.lesson).question(args.qid)
+    if q.type != "open":
+        raise QuizError(f"{args.qid} is a {q.type} question; explain reads open answers")
+    reading = claims.read_answer(args.answer, q.secret)
+    for line in reading.trace or ["(no phrasing of any claim found)"]:
+        print(line)
+    print()
+    print(grade_question(q, args.answer, args.lang).feedback)
+    return 0
+
+
+def cmd_corpus(args) -> int:
+    """Exit 0 when every label holds, 1 when some answer is graded against its label."""
+    ok = True
+    for path in args.files:
+        for m in corpus.measure(path):
+            print(m.line())
+            for item, result in m.mislabelled:
+                ok = False
+                print(f"  labelled {item['label']} ({item['kind']}, {item['lang']}), graded "
+                      f"{'correct' if result.correct else 'wrong'}: {item['answer']}")
+                print(f"    found {result.details['found']}, misconceptions {result.details['misconceptions']}")
+    return 0 if ok else 1
+
+
 COMMANDS = {"list": cmd_list, "take": cmd_take, "grade": cmd_grade, "progress": cmd_progress,
-            "seal": cmd_seal, "unseal": cmd_unseal}
+            "seal": cmd_seal, "unseal": cmd_unseal, "explain": cmd_explain, "corpus": cmd_corpus}
 
 
 def main(argv=None) -> int:

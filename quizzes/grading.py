@@ -178,7 +178,10 @@ def _grade_open(q: Question, answer, lang: str) -> Result:
         lines.append(msg("too_short", lang))
     elif not statement:
         lines.append(msg("no_statement", lang))
-    lines += [msg("need", lang, k=k, n=n, f=weight),
+    heaviest = max(c.get("weight", 1) for c in s["claims"])
+    need = (msg("need", lang, k=k, n=n, f=weight) if heaviest == 1
+            else msg("need_weighted", lang, k=k, w=heaviest, f=weight))
+    lines += [need,
               msg("found", lang), bullets(found),
               msg("missed", lang), bullets(missed),
               msg("reference", lang), s["reference"][lang]]

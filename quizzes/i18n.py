@@ -18,6 +18,8 @@ MESSAGES = {
     "none": {"en": "(none)", "zh": "（无）"},
     "need": {"en": "Needed at least {k} of {n} key ideas, stated correctly; found {f}.",
              "zh": "至少需要正确陈述 {n} 个要点中的 {k} 个；答到 {f} 个。"},
+    "need_weighted": {"en": "Needed {k} points of key ideas, stated correctly (the central idea counts {w}); got {f}.",
+                      "zh": "需要正确陈述的要点达到 {k} 分（核心要点算 {w} 分）；得到 {f} 分。"},
     "misconception": {"en": "You wrote something that is not so:", "zh": "你写了不成立的说法："},
     "too_short": {"en": "The answer is too short to show the idea: write a sentence or two.",
                   "zh": "回答太短，无法体现要点：请写一两句完整的话。"},

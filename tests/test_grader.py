@@ -2,6 +2,9 @@
 keyword lists, and the bank lint of the open-question format. Uses a small demo question so
 these tests do not depend on any lesson's wording."""
 import copy
+import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -194,3 +197,40 @@ def test_one_way_forms_need_no_wrong_text():
     del form["wrong"]
     form["one_way"] = True
     bankmod.from_authoring(_authoring(secret))
+
+
+# --- the README's worked example is a real, valid question that reads answers as its table says --
+
+README = Path(quizzes.__file__).resolve().parent / "README.md"
+
+
+def readme_example():
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("### Worked example"):]
+    block = section[section.index("```json") + len("```json"):]
+    question = json.loads(block[:block.index("```")])
+    table = section[section.index("| answer | correct | read as |"):]
+    rows = []
+    for line in table.splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        answer, correct = [c.strip() for c in line.strip("|").split("|")][:2]
+        rows.append((answer, correct == "yes"))
+    return question, rows
+
+
+def test_readme_worked_example(tmp_path, monkeypatch):
+    question, rows = readme_example()
+    assert len(rows) >= 6
+    authoring = {"lesson": "lessonreadme", "title": _bi("README", "README"), "questions": [question]}
+    folder = tmp_path / "banks"
+    folder.mkdir()
+    (folder / "lessonreadme.json").write_text(bankmod.dump_bank(bankmod.from_authoring(authoring)))
+    monkeypatch.setenv(bankmod.BANK_PATH_ENV, str(folder))
+    for answer, correct in rows:
+        lang = "zh" if re.search("[\u4e00-\u9fff]", answer) else "en"
+        r = quizzes.grade("lessonreadme", question["id"], answer, lang)
+        assert r.correct is correct, (answer, r.details)
+    r = quizzes.grade("lessonreadme", question["id"], rows[3][0])
+    assert len(r.details["misconceptions"]) == 3
+    assert "you wrote that SHARD_GRAD_OP frees the parameters after forward; it is FULL_SHARD that does" in r.feedback
