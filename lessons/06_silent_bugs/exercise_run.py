@@ -91,7 +91,7 @@ def run(module, cfg, env) -> dict:
     final = full_state(model)
     ref = reference(cfg.steps, cfg.seed, env.world_size)
     diff = max_diff({k: v.cpu() for k, v in final.items()}, ref["final"])
-    result = {"param_diff": diff, "steps": cfg.steps, "findings": findings,
+    result = {"param_diff": diff, "steps": cfg.steps, "findings": findings, "tolerance": TOLERANCE,
               "matches_reference": diff < TOLERANCE}
     env.print0(f"\nexercise: after {cfg.steps} steps, max |parameter - reference| = {diff:.3g} "
                f"({'matches' if diff < TOLERANCE else 'differs from'} one process on the global batch; "

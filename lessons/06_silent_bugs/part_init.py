@@ -45,6 +45,14 @@ def max_diff(a: dict, b: dict) -> float:
     return max((a[k].double() - b[k].double()).abs().max().item() for k in b)
 
 
+def initialised(model, seed: int):
+    """Seed, then initialise: the one recipe every variant uses (FSDP2's meta path can only
+    initialise after sharding, so the others do it after building too, with the same calls)."""
+    torch.manual_seed(seed)
+    model.init_weights()
+    return model
+
+
 def build(variant: str, cfg, env, model_cfg, reference_init: dict) -> tuple[object, dict]:
     """The model of ``variant``, wrapped, and what was found on the way."""
     found = {}
@@ -56,8 +64,7 @@ def build(variant: str, cfg, env, model_cfg, reference_init: dict) -> tuple[obje
             fully_shard(block)
         fully_shard(model)
         model.to_empty(device=env.device)
-        torch.manual_seed(cfg.seed)  # the same seed on every rank
-        model.init_weights()         # draws into each rank's shard; also refills the masks
+        initialised(model, cfg.seed)  # the same seed on every rank: draws into each rank's shard
         if variant == "load-rank0":  # rank 0 holds the full weights (a checkpoint); the rest {}
             # A copy: the call replaces the dict's values with this rank's DTensor shards.
             set_model_state_dict(model, dict(reference_init) if env.rank == 0 else {}, options=StateDictOptions(
@@ -65,8 +72,7 @@ def build(variant: str, cfg, env, model_cfg, reference_init: dict) -> tuple[obje
         return model, found
 
     # --- model: full weights on every rank, seeded per variant ---------------------------------
-    torch.manual_seed(cfg.seed if variant == "same-seed" else cfg.seed + env.rank)
-    model = GPT(model_cfg).to(env.device)
+    model = initialised(GPT(model_cfg).to(env.device), cfg.seed if variant == "same-seed" else cfg.seed + env.rank)
     found["before_wrap"] = compare_across_ranks(model_states(model))  # the cheap detector
     if variant == "broadcast":
         broadcast_from_rank0(model)
@@ -97,8 +103,7 @@ def where_from(full: dict, cfg, env, model_cfg) -> list[dict]:
     """Rank 0: which slices of each gathered parameter equal which rank's own init."""
     inits = []
     for rank in range(env.world_size):
-        torch.manual_seed(cfg.seed + rank)
-        inits.append(GPT(model_cfg).state_dict())
+        inits.append(initialised(GPT(model_cfg), cfg.seed + rank).state_dict())
     rows = []
     for name, tensor in full.items():
         if tensor.is_floating_point():
@@ -108,21 +113,18 @@ def where_from(full: dict, cfg, env, model_cfg) -> list[dict]:
     return rows
 
 
-def shard_copies(full: dict, world_size: int) -> int:
-    """Parameters whose every rank's rows repeat rank 0's rows (what the meta init did here)."""
-    copies = 0
-    for tensor in full.values():
-        if tensor.is_floating_point() and tensor.shape[0] >= world_size:
-            chunks = torch.chunk(tensor, world_size)
-            rows = min(c.shape[0] for c in chunks)
-            copies += all(torch.equal(c[:rows], chunks[0][:rows]) for c in chunks[1:])
-    return copies
+def equal_to_reference(full: dict, reference_init: dict) -> dict:
+    """Of the randomly initialised tensors (those that are not constant), how many elements
+    equal the single-process init, and in which tensors."""
+    random = [k for k, v in reference_init.items() if v.is_floating_point() and v.numel() > 1 and v.std() > 0]
+    equal = {k: int((full[k] == reference_init[k]).sum()) for k in random}
+    return {"elements": sum(reference_init[k].numel() for k in random), "equal": sum(equal.values()),
+            "tensors": {k: [n, reference_init[k].numel()] for k, n in equal.items() if n}}
 
 
 def reference(cfg, env, data, model_cfg) -> dict:
     """One process, the global batch, the same seed: what every variant should equal."""
-    torch.manual_seed(cfg.seed)
-    model = GPT(model_cfg).to(env.device)
+    model = initialised(GPT(model_cfg).to(env.device), cfg.seed)
     init = {k: v.clone() for k, v in model.state_dict().items()}
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     losses = []
@@ -161,8 +163,7 @@ def run(variant: str, cfg, env, data, model_cfg, ref: dict) -> dict:
         if variant == "per-rank-seed":
             result["origins"] = where_from(initial, cfg, env, model_cfg)
         if variant == "fsdp2-meta":
-            result["shard_copies"] = shard_copies(initial, env.world_size)
-            result["num_tensors"] = sum(t.is_floating_point() for t in initial.values())
+            result["equal_to_reference"] = equal_to_reference(initial, ref["init"])
     return result
 
 
