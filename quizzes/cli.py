@@ -11,7 +11,7 @@ from . import claims, corpus, progress
 from .bank import (BANK_DIR, LANGS, QuizError, dump_bank, from_authoring, known_lessons, load_bank,
                    to_authoring)
 from .grading import grade_question
-from .i18n import msg
+from .i18n import msg, say
 
 EXAMPLES = """\
 examples:
@@ -29,8 +29,10 @@ answers file for `grade` (JSON):
   {"lesson": "lesson1", "lang": "en",
    "answers": {"q_zero_mapping": "b", "q_shard_optimizer_state": ["a", "b"],
                "q_model_state_bytes": 2e8, "q_full_vs_shard_grad_op": "FULL_SHARD frees ..."}}
-  `grade` exits 0 whenever the file was graded, whatever the score; 2 on an unknown lesson or
-  question, a malformed file or an answer of the wrong type (one line on stderr).
+  `grade` exits 0 whenever the file was graded, whatever the score; 1 when it was graded but
+  --record could not save the results (they are printed all the same); 2 on an unknown lesson
+  or question, a malformed file or an answer of the wrong type (one line on stderr). Ctrl-C in
+  `take` exits 130.
 
 progress file: $FSDP_COURSE_PROGRESS, else ~/.fsdp_course/progress.json
 """
@@ -107,32 +109,37 @@ HINTS = {
 
 
 def cmd_take(args) -> int:
+    """Ask each question; Enter skips, Ctrl-D stops (exit 0), Ctrl-C interrupts (exit 130)."""
     bank = load_bank(args.lesson)
     lang = args.lang or progress.get_setting("lang", "en")
     questions = [bank.question(args.only)] if args.only else list(bank)
     graded = [q for q in questions if q.type != "code"]
-    print(f"{bank.title[lang]}  ({bank.lesson}: {len(graded)} "
-          f"{'questions; Enter skips one, Ctrl-D stops' if lang == 'en' else '题；回车跳过，Ctrl-D 结束'})")
-    right = 0
+    print(msg("take_header", lang, title=bank.title[lang], lesson=bank.lesson, n=len(graded)))
+    right, status, unsaved = 0, 0, None
     try:
-        for n, q in enumerate(questions, 1):
-            print(f"\n[{n}/{len(questions)}] {q.prompt[lang]}")
+        for q in questions:
             if q.type == "code":
-                print("  -> " + ("skipped here: run the exercise cell in the notebook" if lang == "en"
-                                 else "此处跳过：请在 notebook 中运行练习单元格"))
+                print(f"\n{msg('exercise_tag', lang)} {q.prompt[lang]}\n  -> {msg('exercise_here', lang)}")
                 continue
+            print(f"\n[{graded.index(q) + 1}/{len(graded)}] {q.prompt[lang]}")  # counts what the header counts
             for o in q.options:
                 print(f"  {o.id}) {o.text[lang]}")
             result = _ask(q, lang)
             if result is None:
                 continue
-            progress.record(bank.lesson, q.id, result.score, result.correct)
             right += result.correct
-            print(result.feedback)
-    except (EOFError, KeyboardInterrupt):
-        print("\n" + ("stopped." if lang == "en" else "已结束。"))
+            print(result.feedback)  # the result first: it is shown even if it cannot be saved
+            problem = progress.try_record(bank.lesson, q.id, result.score, result.correct)
+            if problem and problem != unsaved:
+                unsaved = problem
+                _say_err(msg("not_recorded", lang, why=problem.split(": ", 1)[1]))
+    except EOFError:
+        print("\n" + msg("stopped", lang))
+    except KeyboardInterrupt:
+        print("\n" + msg("interrupted", lang))
+        status = 130  # as a shell reports a command stopped by Ctrl-C
     print("\n" + msg("score", lang, k=right, n=len(graded)))
-    return 0
+    return status
 
 
 def _ask(q, lang):
@@ -143,23 +150,76 @@ def _ask(q, lang):
         if not sys.stdin.isatty():  # piped answers: echo them so the transcript reads right
             print(line)
         if not line:
-            print("  (skipped)" if lang == "en" else "  （已跳过）")
+            print("  " + msg("skipped", lang))
             return None
         try:
             return grade_question(q, line, lang)
         except QuizError as exc:  # a typo is not the end of the quiz: say why and ask again
-            print(f"  {exc}")
+            print(f"  {say(exc, lang)}")
+
+
+def _say_err(line: str) -> None:
+    os.write(2, (f"quizzes: {line}\n").encode())
 
 
 # --- grade -----------------------------------------------------------------------------------
 
+MAX_ANSWERS_BYTES = 1_000_000  # a whole lesson's answers are a few kB
+MAX_NESTING = 20  # {"answers": {"q": ["a", "b"]}} is 3 deep
+
+
+def _no_duplicates(pairs):
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise QuizError(f"key {key!r} appears twice in one object: keep one of them")
+        seen[key] = value
+    return seen
+
+
+def _depth(obj, limit: int, level: int = 1) -> bool:
+    """Is obj nested no deeper than limit? (iterative: a deep file must not recurse here either)"""
+    stack = [(obj, level)]
+    while stack:
+        item, lvl = stack.pop()
+        if lvl > limit:
+            return False
+        if isinstance(item, dict):
+            stack += [(v, lvl + 1) for v in item.values()]
+        elif isinstance(item, list):
+            stack += [(v, lvl + 1) for v in item]
+    return True
+
+
 def read_answers(path: str) -> dict:
+    p = Path(path)
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        size = p.stat().st_size
+        if p.is_dir():
+            raise QuizError(f"answers file {path} is a folder")
+        if size > MAX_ANSWERS_BYTES:
+            raise QuizError(f"answers file {path} is {size / 1e6:.1f} MB; an answers file is at most "
+                            f"{MAX_ANSWERS_BYTES // 1_000_000} MB")
+        raw = p.read_bytes()
     except FileNotFoundError:
         raise QuizError(f"answers file {path} not found") from None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        raise QuizError(f"cannot read answers file {path}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise QuizError(f"answers file {path} is not UTF-8 text (byte {exc.start})") from None
+    try:
+        data = json.loads(text, object_pairs_hook=_no_duplicates)
+    except QuizError as exc:
+        raise QuizError(f"answers file {path}: {exc}") from None
+    except RecursionError:
+        raise QuizError(f"answers file {path} is nested too deeply to be answers") from None
+    except ValueError as exc:
         raise QuizError(f"answers file {path} is not valid JSON: {exc}") from None
+    if not _depth(data, MAX_NESTING):
+        raise QuizError(f"answers file {path} is nested more than {MAX_NESTING} levels deep; answers are "
+                        "an option id, a list of ids, a number or text")
     if not isinstance(data, dict) or not isinstance(data.get("lesson"), str) \
             or not isinstance(data.get("answers"), dict):
         raise QuizError(f"answers file {path} must be an object with 'lesson' (string) and "
@@ -168,6 +228,8 @@ def read_answers(path: str) -> dict:
 
 
 def cmd_grade(args) -> int:
+    """Exit 0 when graded (whatever the score); 1 when graded but --record could not save; 2 on
+    a bad file (nothing graded)."""
     data = read_answers(args.answers_file)
     lang = args.lang or data.get("lang", "en")
     if lang not in LANGS:
@@ -182,9 +244,6 @@ def cmd_grade(args) -> int:
     for qid in data["answers"]:
         if qid not in results:  # the only graded-question ids left out are code exercises
             raise QuizError(f"{qid} is a code exercise: it is graded in the notebook, not by answers")
-    if args.record:
-        for qid, r in results.items():
-            progress.record(bank.lesson, qid, r.score, r.correct)
     total = len(bank.graded())
     right = sum(r.correct for r in results.values())
     score = sum(r.score for r in results.values())
@@ -195,15 +254,22 @@ def cmd_grade(args) -> int:
                  "feedback": results[q.id].feedback if q.id in results else ""} for q in bank.graded()]
         print(json.dumps({"lesson": bank.lesson, "lang": lang, "correct": right, "total": total,
                           "score": round(score, 4), "results": rows}, ensure_ascii=False, indent=1))
-        return 0
-    for q in bank.graded():
-        r = results.get(q.id)
-        if r is None:
-            print(f"[not answered] {q.id}")
-            continue
-        print(f"[{'correct' if r.correct else 'wrong'}] {q.id} ({r.score:.2f})")
-        print("    " + r.feedback.replace("\n", "\n    "))
-    print(f"Total: {right} / {total} correct (score {score:.2f} / {total})")
+    else:
+        for q in bank.graded():
+            r = results.get(q.id)
+            if r is None:
+                print(f"{msg('tag_unanswered', lang)} {q.id}")
+                continue
+            print(f"{msg('tag_correct' if r.correct else 'tag_wrong', lang)} {q.id} ({r.score:.2f})")
+            print("    " + r.feedback.replace("\n", "\n    "))
+        print(msg("total", lang, right=right, total=total, score=score))
+    sys.stdout.flush()  # the results are out before anything can go wrong with recording them
+    if args.record:
+        try:
+            progress.record_many(bank.lesson, [(qid, r.score, r.correct) for qid, r in results.items()])
+        except progress.ProgressError as exc:
+            _say_err(msg("not_recorded", lang, why=str(exc)))
+            return 1
     return 0
 
 
@@ -263,6 +329,9 @@ def main(argv=None) -> int:
     except QuizError as exc:
         print(f"quizzes: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C anywhere else: a clean stop, the status a shell expects
+        print(file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `python -m quizzes ... | head`: stop quietly, as other tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

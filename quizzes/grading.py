@@ -4,13 +4,14 @@ Nothing here writes progress; callers that want it recorded call ``progress.reco
 """
 from __future__ import annotations
 
-import math
 import re
+import unicodedata
 from dataclasses import dataclass, field
+from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, InvalidOperation, localcontext
 
 from . import claims
 from .bank import Question, QuizError, load_bank
-from .i18n import check_lang, msg
+from .i18n import AnswerError, check_lang, msg
 
 
 @dataclass
@@ -58,40 +59,45 @@ def grade_question(q: Question, answer, lang: str = "en") -> Result:
 
 def _option_id(q: Question, value) -> str:
     if not isinstance(value, str):
-        raise QuizError(f"{q.id}: an option is given by its id as a string (one of "
-                        f"{', '.join(q.option_ids())}), not {type(value).__name__} {value!r}")
+        raise AnswerError("option_type", qid=q.id, options=", ".join(q.option_ids()),
+                          kind=type(value).__name__, value=repr(value))
     oid = value.strip().lower().rstrip(")")
     if oid not in q.option_ids():
-        raise QuizError(f"{q.id}: unknown option {value!r} (choose from {', '.join(q.option_ids())})")
+        raise AnswerError("unknown_option", qid=q.id, value=repr(value), options=", ".join(q.option_ids()))
     return oid
 
 
 def _grade_single(q: Question, answer, lang: str) -> Result:
     if isinstance(answer, (list, tuple, set)):
-        raise QuizError(f"{q.id} is single-choice: answer with one option id such as 'b', not a list")
+        raise AnswerError("single_list", qid=q.id)
     chosen = _option_id(q, answer)
     why = q.secret["why"][chosen][lang]
+    sp = _space(lang)
     if chosen == q.secret["correct"]:
-        return Result(True, 1.0, f"{msg('correct', lang)} {why}", {"chosen": chosen})
-    return Result(False, 0.0, f"{msg('wrong', lang)} {msg('selected_wrong', lang, opt=chosen + ')')} {why}",
+        return Result(True, 1.0, f"{msg('correct', lang)}{sp}{why}", {"chosen": chosen})
+    return Result(False, 0.0, f"{msg('wrong', lang)}{sp}{msg('selected_wrong', lang, opt=chosen + ')')}{sp}{why}",
                   {"chosen": chosen})
+
+
+def _space(lang: str) -> str:
+    """Between sentences: a space in English, none in Chinese (its punctuation is full width)."""
+    return "" if lang == "zh" else " "
 
 
 def _grade_multi(q: Question, answer, lang: str) -> Result:
     if isinstance(answer, str):  # "a,c" or "a c": what a terminal user types
         answer = [a for a in re.split(r"[\s,;]+", answer) if a]
     if not isinstance(answer, (list, tuple, set)):
-        raise QuizError(f"{q.id} is multiple-choice: answer with a list of option ids such as "
-                        f"['a', 'c'], not {type(answer).__name__} {answer!r}")
+        raise AnswerError("multi_type", qid=q.id, kind=type(answer).__name__, value=repr(answer)[:60])
     chosen = {_option_id(q, a) for a in answer}
     right = set(q.secret["correct"])
     why = q.secret["why"]
     lines = []
     for oid in q.option_ids():  # explain every option the learner judged wrongly, in order
         if oid in chosen and oid not in right:
-            lines.append(f"- {msg('selected_wrong', lang, opt=oid + ')')} {why[oid][lang]}")
+            lines.append(f"- {msg('selected_wrong', lang, opt=oid + ')')}{_space(lang)}{why[oid][lang]}")
         elif oid in right and oid not in chosen:
-            lines.append(f"- {msg('missed_right', lang, opt=oid + ')')} {why[oid][lang]}")
+            lines.append(f"- {msg('missed_right', lang, opt=oid + ')')}{_space(lang)}{why[oid][lang]}")
     # partial credit: right picks minus wrong picks, over the number of right options
     score = max(0.0, (len(chosen & right) - len(chosen - right)) / len(right))
     if not lines:
@@ -102,42 +108,85 @@ def _grade_multi(q: Question, answer, lang: str) -> Result:
 
 # --- numeric -------------------------------------------------------------------------------
 
-def parse_number(q: Question, answer) -> float:
-    """Numbers, or strings like '4e7', '40,000,000', '40 000 000 bytes'."""
+MAX_NUMBER_CHARS = 100  # longer than any answer a learner means; refused before it is parsed
+# thousands separators: 1,234,567 (groups of exactly three digits after the first group)
+_THOUSANDS = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d*)?([eE][+-]?\d+)?")
+
+
+def parse_number(q: Question, answer) -> Decimal:
+    """Numbers, or strings like '4e7', '40,000,000', '40 000 000 bytes', read exactly (Decimal:
+    a 400-digit integer is a number, not an OverflowError). A comma that is not a thousands
+    separator ('0,8', '1,5e3') is refused rather than guessed: is it 0.8 or 8?"""
     if isinstance(answer, bool) or isinstance(answer, (list, tuple, set, dict)) or answer is None:
-        raise QuizError(f"{q.id} is numeric: answer with a number, not {type(answer).__name__} {answer!r}")
-    if isinstance(answer, (int, float)):
-        value = float(answer)
+        raise AnswerError("numeric_type", qid=q.id, kind=type(answer).__name__, value=repr(answer)[:60])
+    if isinstance(answer, int):
+        value = Decimal(answer)
+    elif isinstance(answer, float):
+        value = Decimal(repr(answer))  # the shortest decimal that is this float: 0.1 stays 0.1
     else:
-        text = str(answer).strip()
+        text = unicodedata.normalize("NFKC", str(answer)).strip()
+        if len(text) > MAX_NUMBER_CHARS:
+            raise AnswerError("numeric_long", qid=q.id, n=len(text), limit=MAX_NUMBER_CHARS)
         for unit in (q.unit or {}).values():  # tolerate the unit typed after the number
             if text.lower().endswith(unit.lower()):
                 text = text[: -len(unit)].strip()
+        text = re.sub(r"[\s_]", "", text)
+        if "," in text:
+            if not _THOUSANDS.fullmatch(text):
+                raise AnswerError("numeric_comma", qid=q.id, value=repr(answer))
+            text = text.replace(",", "")
         try:
-            value = float(re.sub(r"[\s,_]", "", text))
-        except ValueError:
-            raise QuizError(f"{q.id} is numeric: cannot read {answer!r} as a number") from None
-    if not math.isfinite(value):
-        raise QuizError(f"{q.id} is numeric: {answer!r} is not a finite number")
+            value = Decimal(text)
+        except InvalidOperation:
+            raise AnswerError("numeric_unreadable", qid=q.id, value=repr(answer)) from None
+    if not value.is_finite():
+        raise AnswerError("numeric_infinite", qid=q.id, value=repr(answer))
     return value
+
+
+def _exact():
+    """A decimal context that neither rounds an answer's digits nor overflows on its exponent."""
+    return localcontext(Context(prec=5000, Emax=MAX_EMAX, Emin=MIN_EMIN))
+
+
+def show_number(value: Decimal) -> str:
+    """The number as the learner gave it, never rounded: 250000.75 -> '250,000.75'; a huge or
+    tiny one in scientific notation with all its digits."""
+    with _exact():
+        value = value.normalize()
+    sign, digits, exp = value.as_tuple()
+    if value == 0:
+        return "0"
+    if len(digits) > 30:  # cut (not rounded) and marked: the digits shown are the learner's
+        head = "".join(map(str, digits[:20]))
+        return f"{'-' if sign else ''}{head[0]}.{head[1:]}…e{len(digits) + exp - 1} ({len(digits)} digits)"
+    if len(digits) + exp > 21 or len(digits) + exp < -6:  # beyond what reads well in plain digits
+        return f"{value:E}".replace("E+", "e").replace("E", "e")
+    return f"{value:,f}"
 
 
 def _grade_numeric(q: Question, answer, lang: str) -> Result:
     value = parse_number(q, answer)
     s = q.secret
     (kind, tol), = s["tolerance"].items()
-    allowed = tol if kind == "abs" else tol * abs(s["value"])
-    error = abs(value - s["value"])
-    details = {"value": value}
-    given = f"{value:,.6g}"
-    if error <= allowed:
-        return Result(True, 1.0, f"{msg('correct', lang)} {msg('numeric_ok', lang, given=given)} "
+    target = Decimal(repr(s["value"])) if isinstance(s["value"], float) else Decimal(s["value"])
+    tol = Decimal(repr(tol)) if isinstance(tol, float) else Decimal(tol)
+    allowed = tol if kind == "abs" else tol * abs(target)
+    with _exact():
+        inside = abs(value - target) <= allowed
+        details = {"value": float(value) if abs(value) < Decimal("1e308") else str(value)}
+    given = show_number(value)
+    if inside:
+        sp = _space(lang)
+        return Result(True, 1.0, f"{msg('correct', lang)}{sp}{msg('numeric_ok', lang, given=given)}{sp}"
                                  f"{s['explanation'][lang]}", details)
-    return Result(False, 0.0, f"{msg('wrong', lang)} {msg('numeric_bad', lang, given=given, unit=q.unit[lang])}\n"
-                              f"{msg('how', lang)} {s['explanation'][lang]}", details)
+    return Result(False, 0.0, f"{msg('wrong', lang)}{_space(lang)}{msg('numeric_bad', lang, given=given, unit=q.unit[lang])}\n"
+                              f"{msg('how', lang)}{_space(lang)}{s['explanation'][lang]}", details)
 
 
 # --- open answers graded by the claims they make (claims.py) ---------------------------------
+
+MAX_OPEN_CHARS = 20_000  # a long essay is ~5,000; beyond this the answer is refused, not read
 
 # An answer this short cannot state an idea and its subject; a Chinese character counts as
 # 0.6 of a word (about ten characters say what six English words say).
@@ -152,7 +201,9 @@ def too_short(text: str) -> bool:
 
 def _grade_open(q: Question, answer, lang: str) -> Result:
     if not isinstance(answer, str):
-        raise QuizError(f"{q.id} is an open question: answer with text, not {type(answer).__name__}")
+        raise AnswerError("open_type", qid=q.id, kind=type(answer).__name__)
+    if len(answer) > MAX_OPEN_CHARS:
+        raise AnswerError("open_long", qid=q.id, n=len(answer), limit=MAX_OPEN_CHARS)
     s = q.secret
     reading = claims.read_answer(answer, s)
     found = [c for c in s["claims"] if c["id"] in reading.supported]

@@ -29,7 +29,62 @@ MESSAGES = {
     "code_here": {"en": "graded in the exercise cell above", "zh": "在上面的练习单元格中评分"},
     "score": {"en": "Score: {k} / {n}", "zh": "得分：{k} / {n}"},
     "pick_first": {"en": "Choose an answer first.", "zh": "请先作答。"},
+    # terminal: take and grade
+    "tag_correct": {"en": "[correct]", "zh": "[正确]"},
+    "tag_wrong": {"en": "[wrong]", "zh": "[错误]"},
+    "tag_unanswered": {"en": "[not answered]", "zh": "[未作答]"},
+    "total": {"en": "Total: {right} / {total} correct (score {score:.2f} / {total})",
+              "zh": "总计：{right} / {total} 正确（得分 {score:.2f} / {total}）"},
+    "take_header": {"en": "{title}  ({lesson}: {n} questions; Enter skips one, Ctrl-D stops)",
+                    "zh": "{title}  （{lesson}：{n} 题；回车跳过，Ctrl-D 结束）"},
+    "exercise_tag": {"en": "[exercise]", "zh": "[练习]"},
+    "exercise_here": {"en": "skipped here: run the exercise cell in the notebook",
+                      "zh": "此处跳过：请在 notebook 中运行练习单元格"},
+    "skipped": {"en": "(skipped)", "zh": "（已跳过）"},
+    "stopped": {"en": "stopped.", "zh": "已结束。"},
+    "interrupted": {"en": "interrupted.", "zh": "已中断。"},
+    "not_recorded": {"en": "progress not recorded: {why}", "zh": "进度未保存：{why}"},
+    # what is wrong with the shape of an answer (QuizError raised by grading, shown to learners)
+    "single_list": {"en": "{qid} is single-choice: answer with one option id such as 'b', not a list",
+                    "zh": "{qid} 是单选题：请回答一个选项字母（例如 'b'），不要给列表"},
+    "option_type": {"en": "{qid}: an option is given by its id as a string (one of {options}), not {kind} {value}",
+                    "zh": "{qid}：选项要用字母字符串表示（{options} 之一），而不是 {kind} {value}"},
+    "unknown_option": {"en": "{qid}: unknown option {value} (choose from {options})",
+                       "zh": "{qid}：没有选项 {value}（请从 {options} 中选择）"},
+    "multi_type": {"en": "{qid} is multiple-choice: answer with a list of option ids such as ['a', 'c'], not {kind} {value}",
+                   "zh": "{qid} 是多选题：请回答选项字母的列表（例如 ['a', 'c']），而不是 {kind} {value}"},
+    "numeric_type": {"en": "{qid} is numeric: answer with a number, not {kind} {value}",
+                     "zh": "{qid} 是数值题：请回答一个数字，而不是 {kind} {value}"},
+    "numeric_long": {"en": "{qid} is numeric: {n} characters is not a number answer (at most {limit})",
+                     "zh": "{qid} 是数值题：{n} 个字符不是一个数字答案（最多 {limit} 个）"},
+    "numeric_comma": {"en": "{qid} is numeric: cannot tell what the comma in {value} means; write a decimal point (0.8) "
+                            "and, if you like, commas between thousands (1,000,000)",
+                      "zh": "{qid} 是数值题：无法判断 {value} 中逗号的含义；小数请用小数点（0.8），千位分隔可用逗号（1,000,000）"},
+    "numeric_unreadable": {"en": "{qid} is numeric: cannot read {value} as a number",
+                           "zh": "{qid} 是数值题：无法把 {value} 读成数字"},
+    "numeric_infinite": {"en": "{qid} is numeric: {value} is not a finite number",
+                         "zh": "{qid} 是数值题：{value} 不是有限的数字"},
+    "open_type": {"en": "{qid} is an open question: answer with text, not {kind}",
+                  "zh": "{qid} 是简答题：请用文字回答，而不是 {kind}"},
+    "open_long": {"en": "{qid}: an answer of {n} characters is too long to grade (at most {limit})",
+                  "zh": "{qid}：回答有 {n} 个字符，太长无法评分（最多 {limit} 个）"},
 }
+
+
+class AnswerError(QuizError):
+    """An answer of the wrong shape; str() is English, text(lang) says it in the learner's language."""
+
+    def __init__(self, key: str, **kw):
+        self.key, self.kw = key, kw
+        super().__init__(msg(key, "en", **kw))
+
+    def text(self, lang: str) -> str:
+        return msg(self.key, lang if lang in LANGS else "en", **self.kw)
+
+
+def say(exc: Exception, lang: str) -> str:
+    """An error's message in the learner's language where there is one."""
+    return exc.text(lang) if isinstance(exc, AnswerError) else str(exc)
 
 
 def check_lang(lang) -> str:

@@ -10,7 +10,7 @@ import ipywidgets as widgets
 from . import progress
 from .bank import Question, QuizError, load_bank
 from .grading import grade_question
-from .i18n import check_lang, msg
+from .i18n import check_lang, msg, say
 
 LANG_LABELS = [("English", "en"), ("中文", "zh")]
 
@@ -87,12 +87,14 @@ class QuestionBox:
         try:
             result = grade_question(self.q, answer, lang)
         except QuizError as exc:  # e.g. "abc" typed for a number: say so in the feedback area
-            _write(self.output, str(exc))
+            _write(self.output, say(exc, lang))
             return
         self.correct = self.correct or result.correct
         _write(self.output, result.feedback)  # feedback first: it must show even if saving fails
         self.quiz.update_score()
-        progress.record(self.quiz.bank.lesson, self.q.id, result.score, result.correct)
+        problem = progress.try_record(self.quiz.bank.lesson, self.q.id, result.score, result.correct)
+        if problem:
+            _write(self.output, result.feedback + "\n\n" + msg("not_recorded", lang, why=problem.split(": ", 1)[1]))
 
 
 class Quiz:
@@ -131,8 +133,11 @@ class Quiz:
 
     def _on_lang(self, change) -> None:
         self.lang = change["new"]
-        progress.set_setting("lang", self.lang)  # remembered for the next quiz and the CLI
         self.render()
+        try:
+            progress.set_setting("lang", self.lang)  # remembered for the next quiz and the CLI
+        except progress.ProgressError as exc:  # the quiz still switches; say once why it is not kept
+            self.score.value = f"{msg('score', self.lang, k=sum(b.correct for b in self.boxes if b.q.type != 'code'), n=len(self.bank.graded()))}  ({exc})"
 
 
 def _esc(text: str) -> str:

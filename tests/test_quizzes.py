@@ -206,34 +206,37 @@ def test_grade_accepts_friendly_forms():
 
 # --- progress --------------------------------------------------------------------------------
 
-def test_progress_atomic_write(quiz_progress_file, monkeypatch):
+def test_progress_atomic_write(quiz_progress_file, monkeypatch, capfd):
     progress.record("lesson1", "q_zero_mapping", 0.0, False)
     progress.record("lesson1", "q_zero_mapping", 1.0, True)
     progress.record("lesson1", "q_zero_mapping", 0.0, False)
-    assert sorted(p.name for p in quiz_progress_file.parent.iterdir()) == ["progress.json"]
+    assert sorted(p.name for p in quiz_progress_file.parent.iterdir()) == ["progress.json", "progress.json.lock"]
     rec = json.loads(quiz_progress_file.read_text())["lessons"]["lesson1"]["q_zero_mapping"]
     assert rec["attempts"] == 3 and rec["best_score"] == 1.0 and rec["correct"] is True
     assert rec["last_answered"]
     before = quiz_progress_file.read_text()
 
     def crash(*args, **kwargs):
-        raise OSError("disk full")
+        raise OSError(28, "No space left on device")
     monkeypatch.setattr(progress.json, "dump", crash)
-    with pytest.raises(OSError):
-        progress.record("lesson1", "q_no_shard", 1.0, True)
+    assert progress.record("lesson1", "q_no_shard", 1.0, True) is None  # one line, no traceback
+    assert capfd.readouterr().err == (f"quizzes: progress not recorded: cannot save progress to {quiz_progress_file}: "
+                                      "No space left on device\n")
+    with pytest.raises(progress.ProgressError, match="No space left"):
+        progress.record_strict("lesson1", "q_no_shard", 1.0, True)
     assert quiz_progress_file.read_text() == before  # the old file survives a failed write
-    assert sorted(p.name for p in quiz_progress_file.parent.iterdir()) == ["progress.json"]
+    assert sorted(p.name for p in quiz_progress_file.parent.iterdir()) == ["progress.json", "progress.json.lock"]
 
 
 @pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"lessons": {"lesson1": 3}}'])
-def test_corrupt_progress_is_moved_aside(quiz_progress_file, capsys, content):
+def test_corrupt_progress_is_moved_aside(quiz_progress_file, capfd, content):
     quiz_progress_file.parent.mkdir(parents=True)
     quiz_progress_file.write_text(content)
     progress.record("lesson1", "q_zero_mapping", 1.0, True)
     moved = list(quiz_progress_file.parent.glob("progress.json.corrupt-*"))
     assert len(moved) == 1 and moved[0].read_text() == content  # preserved, not lost
     assert re.fullmatch(r"progress\.json\.corrupt-\d{8}-\d{6}", moved[0].name)
-    err = capsys.readouterr().err
+    err = capfd.readouterr().err
     assert err.count("\n") == 1 and str(moved[0]) in err
     assert json.loads(quiz_progress_file.read_text())["lessons"]["lesson1"]["q_zero_mapping"]["correct"]
 
@@ -343,7 +346,9 @@ def test_cli_grade_right_and_wrong(tmp_path, quiz_progress_file, lesson):
 def test_cli_grade_partial_and_zh(tmp_path, quiz_progress_file):
     path = quiz_answers_file(tmp_path, "lesson1", {"q_zero_mapping": "c"}, lang="zh")
     r = quiz_cli("grade", path, "--record", progress_file=quiz_progress_file)
-    assert r.returncode == 0 and "不太对" in r.stdout and "[not answered] q_no_shard" in r.stdout
+    assert r.returncode == 0 and "不太对" in r.stdout and "[未作答] q_no_shard" in r.stdout
+    assert "[错误] q_zero_mapping" in r.stdout and "总计：0 / " in r.stdout  # all of it in Chinese
+    assert "[not answered]" not in r.stdout and "Total" not in r.stdout
     assert json.loads(quiz_progress_file.read_text())["lessons"]["lesson1"]["q_zero_mapping"]["attempts"] == 1
 
 
