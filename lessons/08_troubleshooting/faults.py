@@ -90,3 +90,45 @@ def is_collective_error(exc: BaseException) -> bool:
 def say_rank(rank: int, line: str) -> None:
     """One whole line on stderr (several ranks share it)."""
     os.write(2, f"[rank {rank}] {line}\n".encode())
+
+
+# --- the exercise: a learner's evaluate(model, batch, env), called by every rank ------------------
+
+EVAL_SEED_OFFSET = 100_000  # held-out batches: steps no training batch ever uses
+
+
+def load_evaluate(path: str):
+    """``evaluate(model, batch, env) -> float`` from a learner's file (``--eval-module``)."""
+    import importlib.util
+
+    from fsdp_course.dist import CourseError
+
+    file = Path(path)
+    if not file.is_file():
+        raise CourseError(f"--eval-module {path}: no such file")
+    spec = importlib.util.spec_from_file_location(f"eval_module_{file.stem}", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, "evaluate", None)):
+        raise CourseError(f"--eval-module {path}: define evaluate(model, batch, env)")
+    return module.evaluate
+
+
+def eval_batch(data, step: int, rank: int, world_size: int, cfg):
+    """This rank's rows of the held-out batch after ``step`` (all ranks' rows: the global one)."""
+    return data.batch(EVAL_SEED_OFFSET + step, rank, world_size, cfg.batch_size, cfg.seq_len)
+
+
+def reference_eval(model, data, step: int, cfg, env) -> float:
+    """The held-out loss of the global eval batch in one process, from the gathered weights
+    (collective: every rank calls it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from fsdp_course.model import GPT, lm_loss
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    reference = GPT(cfg.model_config(data.vocab_size))
+    reference.load_state_dict(full)
+    x, y = data.batch(EVAL_SEED_OFFSET + step, 0, 1, cfg.batch_size * env.world_size, cfg.seq_len)
+    with torch.no_grad():
+        return lm_loss(reference(x), y).item()

@@ -168,8 +168,8 @@ def hang_and_dump(*args, timeout_s: int = 8, settle_s: float = 1.0, env: dict | 
     code = job.wait(timeout=timeout_s + 60)
     hang_start = job.last_step_time()
     failed = job.first(r"error: ")
-    return {"returncode": code, "output": job.output, "stacks": stacks,
-            "waiting": {rank: waiting_line(s) for rank, s in stacks.items()},
+    return {"returncode": code, "output": job.output, "stacks": {str(r): s for r, s in stacks.items()},
+            "waiting": {str(rank): waiting_line(s) for rank, s in stacks.items()},
             "hang_start_s": hang_start,
             "stacks_after_s": None if stuck_at is None else round(stuck_at - hang_start, 2),
             "failed_after_s": None if failed is None else round(failed[0] - hang_start, 2),
@@ -187,12 +187,26 @@ def diagnose(job: Job, pattern: str, timeout: float = 120) -> dict:
             "wall_s": round(job.lines[-1][0], 1) if job.lines else None}
 
 
+def run_and_diagnose(*args, pattern: str, env: dict | None = None, nproc: int = 2,
+                     plain_torchrun: bool = False, timeout: float = 180) -> dict:
+    """Start a job (through the course's launcher, or plain torchrun), wait for it, and time
+    the line that names the cause (see ``diagnose``)."""
+    job = (torchrun if plain_torchrun else launch)(*args, nproc=nproc, env=env)
+    result = diagnose(job, pattern, timeout)
+    if plain_torchrun:
+        result["root_cause"] = root_cause(result["output"])
+    return result
+
+
 def root_cause(output: str) -> dict:
     """torchrun's 'Root Cause (first observed failure)' section, field by field."""
     section = output.split("Root Cause (first observed failure):", 1)
     if len(section) < 2:
         return {}
-    fields = dict(re.findall(r"^\s+(\w+)\s+: (.*)$", section[1], flags=re.M))
+    body = section[1].split("=====", 1)[0]
+    fields = dict(re.findall(r"^\s{2}(\w+)\s*: (.*)$", body, flags=re.M))
+    traceback_lines = [l.strip() for l in body.split("traceback :", 1)[-1].splitlines() if l.strip()]
+    fields["exception"] = traceback_lines[-1] if traceback_lines else ""
     error_file = fields.get("error_file", "")
     if error_file and Path(error_file).is_file():
         fields["error_file_json"] = json.loads(Path(error_file).read_text())
@@ -222,3 +236,115 @@ def two_nodes(*args, nproc: int = 2, env: dict | None = None, timeout: float = 3
     data = json.loads(metrics.read_text()) if metrics.exists() else None
     return {"returncodes": codes, "outputs": [job.output for job in jobs], "metrics": data,
             "wall_s": round(max(job.lines[-1][0] for job in jobs if job.lines), 1)}
+
+
+# --- what torch itself says: default timeouts, the GPU-only knobs -------------------------------
+
+TORCH = Path(__import__("torch").__file__).resolve().parent
+C10D_HEADERS = TORCH / "include" / "torch" / "csrc" / "distributed" / "c10d"
+
+
+def _header_constant(header: str, name: str) -> str | None:
+    """``constexpr auto NAME = std::chrono::milliseconds(EXPR);`` -> EXPR, from torch's headers."""
+    path = C10D_HEADERS / header
+    if not path.is_file():
+        return None
+    match = re.search(rf"{name}\s*=\s*std::chrono::milliseconds\(([^)]*)\)", path.read_text())
+    return match.group(1).strip() if match else None
+
+
+def default_timeouts() -> list[dict]:
+    """The collective timeout a process group gets when ``init_process_group`` is given none:
+    gloo from ``torch.distributed.constants`` (Python), NCCL from ``ProcessGroupNCCL.hpp``
+    (a CPU build of torch has no NCCL, so its Python constant is None)."""
+    from torch.distributed import constants
+
+    nccl_ms = _header_constant("ProcessGroupNCCL.hpp", "kProcessGroupNCCLDefaultTimeout")
+    nccl = constants.default_pg_nccl_timeout
+    nccl_s = nccl.total_seconds() if nccl is not None else (eval(nccl_ms, {}) / 1000 if nccl_ms else None)
+    return [
+        {"backend": "gloo (and every non-NCCL backend)", "default": str(constants.default_pg_timeout),
+         "seconds": constants.default_pg_timeout.total_seconds(),
+         "source": "torch/distributed/constants.py: default_pg_timeout"},
+        {"backend": "nccl", "default": f"{nccl_s / 60:g} min" if nccl_s else "?", "seconds": nccl_s,
+         "source": f"ProcessGroupNCCL.hpp: kProcessGroupNCCLDefaultTimeout = milliseconds({nccl_ms})"},
+    ]
+
+
+# (variable, what it does, evidence key: what a run of this lesson showed, or None: NCCL only)
+KNOBS = [
+    ("TORCH_DISTRIBUTED_DEBUG=DETAIL", "checks every collective's op and shapes across ranks; names the mismatch",
+     "TORCH_DISTRIBUTED_DEBUG"),
+    ("TORCH_FR_BUFFER_SIZE (TORCH_NCCL_TRACE_BUFFER_SIZE)", "flight recorder: ring buffer of each process's last collectives",
+     "TORCH_FR_BUFFER_SIZE"),
+    ("GLOO_SOCKET_IFNAME", "the network interface gloo uses", "GLOO_SOCKET_IFNAME"),
+    ("NCCL_DEBUG=INFO / WARN", "NCCL's own log: topology, rings, transports (NVLink, IB, sockets), errors", None),
+    ("NCCL_SOCKET_IFNAME", "the network interface NCCL bootstraps and talks on (e.g. eth0, ^docker)", None),
+    ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "what the watchdog does on a timeout or NCCL error (tear down, clean up, nothing)", None),
+    ("TORCH_NCCL_DUMP_ON_TIMEOUT", "write the flight recorder to files when a collective times out", None),
+    ("TORCH_NCCL_BLOCKING_WAIT", "wait() blocks and raises on timeout instead of the async watchdog", None),
+    ("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "the monitor thread aborts a process whose watchdog is stuck", None),
+]
+
+
+def gpu_knobs(evidence: dict[str, bool] | None = None) -> list[dict]:
+    """The table above: each variable looked up in this torch's own files, and "verified here"
+    from ``evidence`` (what this lesson's runs showed), "no" for the NCCL-only ones."""
+    evidence = evidence or {}
+    files = [C10D_HEADERS / "ProcessGroupNCCL.hpp", C10D_HEADERS / "FlightRecorder.hpp",
+             TORCH / "distributed" / "distributed_c10d.py", TORCH / "nn" / "parallel" / "distributed.py"]
+    texts = {f.name: f.read_text(errors="replace") for f in files if f.is_file()}
+    rows = []
+    for variable, does, key in KNOBS:
+        name = variable.split("=")[0].split(" ")[0]
+        found = [file for file, text in texts.items() if name in text]
+        if key is None:
+            verified = "no (NCCL only; no GPU here)"
+        else:
+            verified = "yes, in this lesson's runs" if evidence.get(key) else "not shown by this run"
+        rows.append({"variable": variable, "what it does": does,
+                     "named in torch 2.13": ", ".join(found) or "(NCCL's own variable)",
+                     "verified here": verified})
+    return rows
+
+
+# --- a run shared between the notebook and the tests ---------------------------------------------
+
+def shared(name: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, run once per test run when ``COURSE_RUN_CACHE`` is set (the
+    notebook's test and tests/test_lesson8.py then read the same run); a plain call otherwise."""
+    import fcntl
+    import hashlib
+
+    root = os.environ.get("COURSE_RUN_CACHE")
+    if not root:
+        return fn(*args, **kwargs)
+    key = json.dumps([name, args, sorted(kwargs.items())], default=str)
+    path = Path(root) / f"lesson8-{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.is_file():
+            return json.loads(path.read_text())
+        result = json.loads(json.dumps(fn(*args, **kwargs), default=str))  # as the cache holds it
+        path.write_text(json.dumps(result))
+        return result
+
+
+def slurm_demo(state: str = "/tmp/slurm-course-lab") -> str:
+    """Start the two-node local SLURM cluster, submit lesson 8's HSDP run with sbatch --wait,
+    stop the cluster; return the job's log (needs root and Debian's SLURM packages)."""
+    script = REPO / "launch" / "slurm" / "local_cluster.sh"
+    started = subprocess.run(["bash", str(script), "start", state], capture_output=True, text=True, timeout=60)
+    if started.returncode != 0:
+        return f"the local cluster did not start: {started.stderr.strip()}"
+    env = lesson_env(None, {"SLURM_CONF": started.stdout.strip().split("=", 1)[1],
+                            "MASTER_PORT": free_port()})
+    try:
+        log = Path(state) / "job.out"
+        subprocess.run(["sbatch", "--wait", f"--output={log}", f"--chdir={REPO}",
+                        str(REPO / "launch" / "slurm" / "lesson.sbatch"), "8", "--replicas", "2",
+                        "--steps", "2"], env=env, capture_output=True, text=True, timeout=300)
+        return log.read_text() if log.is_file() else "no job log"
+    finally:
+        subprocess.run(["bash", str(script), "stop", state], capture_output=True, timeout=30)

@@ -64,6 +64,7 @@ class Config(TrainConfig):
     ckpt_every: int = field(default=0, metadata={"help": "DCP checkpoint every N steps (0: never)"})
     ckpt_dir: str = field(default="runs/lesson8/ckpt", metadata={"help": "where checkpoints go"})
     kill_node_at_step: int | None = field(default=None, metadata={"help": "the last node's workers SIGKILL themselves once, at this step"})
+    eval_module: str | None = field(default=None, metadata={"help": "a .py file with evaluate(model, batch, env), run every 2 steps"})
 
 
 def build(cfg, reference, fsdp_mesh, tp_mesh):
@@ -93,12 +94,13 @@ def load_checkpoint(path, model, optimizer) -> int:
     return state["step"]
 
 
-def train(cfg, env, data, model, optimizer, start, counter=None, logger=None, save=True):
-    """The loop, with the lesson's faults where real jobs meet them. Returns the last loss."""
+def train(cfg, env, data, model, optimizer, start, counter=None, logger=None, save=True, evaluate=None):
+    """The loop, with the lesson's faults where real jobs meet them. Returns the held-out loss
+    of the last evaluation (with ``evaluate``)."""
     dp_size, dp_rank = env.world_size // cfg.tp, env.rank // cfg.tp  # TP partners: same batch
     my_steps = faults.steps_for_rank(cfg.fault, cfg.fault_step, cfg.steps, env.rank, env.world_size)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    loss_value = float("nan")
+    loss_value, eval_value = float("nan"), None
     for step in range(start, my_steps):  # uneven-data: the last rank's data ends early (BUG)
         if step == cfg.kill_node_at_step and restart == 0 and int(os.environ.get("GROUP_RANK", 0)) == int(os.environ.get("GROUP_WORLD_SIZE", 1)) - 1:
             os.kill(os.getpid(), signal.SIGKILL)  # a node dies: every worker of the last agent
@@ -121,9 +123,12 @@ def train(cfg, env, data, model, optimizer, start, counter=None, logger=None, sa
                        sum(state_bytes(model, optimizer).values()) / MiB,
                        counter.total_bytes / MiB if counter is not None and step == start else 0.0,
                        last=step == cfg.steps - 1)
+        if evaluate is not None and step % 2 == 1:  # the exercise: every rank calls it
+            eval_value = evaluate(model, faults.eval_batch(data, step, env.rank, env.world_size, cfg), env)
+            env.print0(f"      held-out loss after step {step}: {eval_value}")
         if save and cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0:
             save_checkpoint(ckpt.step_dir(cfg.ckpt_dir, step + 1), model, optimizer, step + 1, env)
-    return loss_value
+    return eval_value
 
 
 @record  # writes this rank's exception into torchrun's error file: the root-cause report names it
@@ -158,8 +163,15 @@ def run(cfg, env):
     results["grad_check"] = scale.grad_check(model, data, cfg, env, start)
     if cfg.memory_limit_mib:
         results["memory_limit"] = faults.limit_memory(cfg.memory_limit_mib, env.device)
-    train(cfg, env, data, model, optimizer, start, counter, logger)
+    evaluate = faults.load_evaluate(cfg.eval_module) if cfg.eval_module else None
+    eval_value = train(cfg, env, data, model, optimizer, start, counter, logger, evaluate=evaluate)
     dist.barrier()  # every rank has finished training before the report
+    if evaluate is not None:
+        last = max(s for s in range(cfg.steps) if s % 2 == 1)
+        results["eval"] = {"value": eval_value, "step": last,
+                           "reference": faults.reference_eval(model, data, last, cfg, env)}
+        env.print0(f"held-out loss: yours {eval_value}, one process on the global batch "
+                   f"{results['eval']['reference']:.6f}")
 
     # --- report ------------------------------------------------------------------------------
     results["collectives"] = counter.scoped

@@ -1,0 +1,128 @@
+"""The same FSDP under other names: Hugging Face accelerate's FSDP config, DeepSpeed ZeRO stages.
+
+- ``accelerate_env(config)``: the environment ``accelerate launch --config_file CONFIG`` gives
+  each process (accelerate's own launcher code builds it), and ``accelerate_plugin(config)``
+  the ``FullyShardedDataParallelPlugin`` accelerate builds from that environment.
+- ``fully_shard_kwargs(plugin, block_cls)``: what that plugin means in the course's own calls.
+- ``zero_table(num_params, world_size)``: per-rank bytes of ZeRO stages 0-3 next to FSDP's
+  strategies, from the course's sharding formulas.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+from fsdp_course import theory
+
+# accelerate config key (fsdp_config: ...) -> the FSDP argument or call, and the lesson that
+# showed it. Checked against accelerate's FullyShardedDataParallelPlugin and its launcher.
+ACCELERATE_KEYS = [
+    ("fsdp_version: 2 | 1", "fully_shard(...) | FullyShardedDataParallel(...)", "5 | 1"),
+    ("fsdp_reshard_after_forward: true | false (v2)", "reshard_after_forward=True (ZeRO-3) | False (ZeRO-2)", "5"),
+    ("fsdp_sharding_strategy: FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD (v1)", "sharding_strategy=ShardingStrategy.<same>", "1"),
+    ("fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP + fsdp_transformer_layer_cls_to_wrap: Block", "fully_shard(block) per Block, then the root | transformer_auto_wrap_policy({Block})", "2, 5"),
+    ("fsdp_auto_wrap_policy: SIZE_BASED_WRAP + fsdp_min_num_params: N", "size_based_auto_wrap_policy(min_num_params=N)", "2"),
+    ("fsdp_state_dict_type: SHARDED_STATE_DICT | FULL_STATE_DICT", "get_state_dict(..., StateDictOptions(full_state_dict=False | True)) + DCP", "4"),
+    ("fsdp_offload_params: true", "offload_policy=CPUOffloadPolicy() | cpu_offload=CPUOffload(offload_params=True)", "5, 7"),
+    ("mixed_precision: bf16 (top level)", "mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16) | MixedPrecision(...)", "5, 6"),
+    ("fsdp_activation_checkpointing: true", "apply_activation_checkpointing / checkpoint_wrapper on each Block (before fully_shard)", "7"),
+    ("fsdp_cpu_ram_efficient_loading + fsdp_sync_module_states: true", "meta-device build; rank 0 loads, set_model_state_dict(broadcast_from_rank0=True)", "5"),
+    ("fsdp_forward_prefetch / fsdp_backward_prefetch", "forward_prefetch / backward_prefetch | set_modules_to_forward_prefetch", "1, 5"),
+]
+
+
+def accelerate_env(config: str) -> dict[str, str]:
+    """The FSDP_* / ACCELERATE_* variables ``accelerate launch --config_file config`` sets for
+    its processes (accelerate's launcher code: ``prepare_multi_gpu_env``)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    args = launch_command_parser().parse_args(["--config_file", str(config), "script.py"])
+    args, _, _ = _validate_launch_command(args)
+    env = prepare_multi_gpu_env(args)
+    return {k: v for k, v in env.items() if k.startswith(("FSDP_", "ACCELERATE_USE_FSDP", "ACCELERATE_MIXED"))}
+
+
+@contextmanager
+def _environ(values: dict[str, str]):
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def accelerate_plugin(config: str):
+    """accelerate's ``FullyShardedDataParallelPlugin``, built from the config as its launched
+    processes build it (from the environment above)."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    env = accelerate_env(config)
+    with _environ(env):
+        plugin = FullyShardedDataParallelPlugin()
+    precision = env.get("ACCELERATE_MIXED_PRECISION", "no")
+    if precision != "no":  # accelerate's AcceleratorState does this from the same variable
+        plugin.set_mixed_precision(precision)
+    return plugin
+
+
+def fully_shard_kwargs(plugin) -> dict:
+    """The plugin's settings as the course writes them with ``fully_shard`` (FSDP2)."""
+    import torch
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    if plugin.fsdp_version != 2:
+        raise ValueError("this mapping is for fsdp_version: 2 (fully_shard)")
+    kwargs = {"reshard_after_forward": bool(plugin.reshard_after_forward)}
+    if type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy":  # OffloadPolicy() means none
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    if plugin.mixed_precision_policy is not None:
+        policy = plugin.mixed_precision_policy
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=policy.param_dtype,
+                                                   reduce_dtype=policy.reduce_dtype)
+    return kwargs
+
+
+def wrap_targets(plugin) -> list[str]:
+    """The module classes accelerate would shard one by one (TRANSFORMER_BASED_WRAP)."""
+    return list(plugin.transformer_cls_names_to_wrap or [])
+
+
+def zero_table(num_params: int, world_size: int, unit_numels: list[int] | None = None) -> list[dict]:
+    """Per-rank bytes of parameters, gradients and Adam state (fp32, 16 bytes a parameter in
+    all), DeepSpeed ZeRO stage by stage, next to the FSDP setting that matches it.
+
+        stage 0 (DDP):  everything replicated                    4P + 4P + 8P
+        ZeRO-1:         optimizer state sharded                  4P + 4P + 8P/N
+        ZeRO-2:         + gradients sharded                      4P + 4P/N + 8P/N
+        ZeRO-3:         + parameters sharded                     16P/N
+    (from ``theory.ddp_state_bytes`` and ``theory.model_state_bytes``; P/N with the padding of
+    each unit). FSDP's SHARD_GRAD_OP also keeps its parameters sharded between steps (ZeRO-3's
+    state), and gathers them once per step instead of twice: its at-rest bytes are ZeRO-3's,
+    its peak adds every gathered unit.
+    """
+    units = unit_numels or [num_params]
+    full = theory.ddp_state_bytes(num_params)
+    sharded = theory.model_state_bytes(units, world_size, "FULL_SHARD")
+    stages = [
+        ("ZeRO-0 (plain data parallel)", "DDP; FSDP NO_SHARD", full["params"], full["grads"], full["optimizer"]),
+        ("ZeRO-1", "no FSDP strategy; torch's ZeroRedundancyOptimizer with DDP", full["params"], full["grads"], sharded["optimizer"]),
+        ("ZeRO-2", "closest: SHARD_GRAD_OP / reshard_after_forward=False (shards parameters too)", full["params"], sharded["grads"], sharded["optimizer"]),
+        ("ZeRO-3", "FULL_SHARD / fully_shard(reshard_after_forward=True)", sharded["params"], sharded["grads"], sharded["optimizer"]),
+    ]
+    return [{"DeepSpeed": name, "FSDP": fsdp, "params": p, "grads": g, "optimizer": o, "total": p + g + o}
+            for name, fsdp, p, g, o in stages]
+
+
+NO_COUNTERPART = [
+    ("ZeRO-1 (shard only the optimizer state)", "no FSDP strategy; torch.distributed.optim.ZeroRedundancyOptimizer does it with DDP"),
+    ("ZeRO++ qwZ / qgZ (quantized weights and gradients on the wire)", "none in FSDP (mixed precision only changes the dtype)"),
+    ("ZeRO++ hpZ (a secondary copy of the parameters within each node)", "HSDP is the nearest: shard within a node, replicate across"),
+    ("ZeRO-Infinity (offload to NVMe)", "none; FSDP offloads to CPU memory only (CPUOffloadPolicy)"),
+]

@@ -1,0 +1,224 @@
+"""Lesson 8 (troubleshooting and scale-out) under torchrun on CPU ranks: each failure reproduced
+and diagnosed in bounded time, HSDP over two torchrun agents (bytes by link vs theory, a node
+killed and resumed bitwise), the 2-D (data x tensor) mesh, accelerate's FSDP config, the
+exercise. The launches the notebook makes are shared with it (``lab8.shared`` and the course's
+launch cache): same names, flags and environment here as there.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+
+import pytest
+
+from helpers import REPO_ROOT, run_cmd
+
+LESSON = REPO_ROOT / "lessons" / "08_troubleshooting"
+sys.path.insert(0, str(LESSON))
+import ecosystem  # noqa: E402
+import lab8  # noqa: E402
+
+from course_lab.exercises.lesson8 import UNTOUCHED, check_fix_the_job  # noqa: E402
+from fsdp_course.theory import hsdp  # noqa: E402
+
+
+# --- the notebook's runs (same arguments as its cells) ---------------------------------------
+
+def hang():
+    return lab8.shared("hang", lab8.hang_and_dump, "--fault", "uneven-data", timeout_s=5)
+
+
+def detail():
+    return lab8.shared("detail", lab8.run_and_diagnose, "--fault", "rank-branch", pattern="Detected mismatch",
+                       env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "GLOO_SOCKET_IFNAME": "lo", "COURSE_TIMEOUT_S": 60})
+
+
+def crash():
+    return lab8.shared("crash", lab8.run_and_diagnose, "--fault", "exception", pattern="Root Cause",
+                       plain_torchrun=True)
+
+
+def oom():
+    return lab8.shared("oom", lab8.run_and_diagnose, "--fault", "oom", "--memory-limit-mib", "48",
+                       pattern="can't allocate memory")
+
+
+def two_nodes():
+    return lab8.shared("two_nodes", lab8.two_nodes, "--replicas", "2", "--compare-flat", "--ckpt-every", "2",
+                       "--kill-node-at-step", "5", "--ckpt-dir", "runs/lesson8/two-nodes", env={"MAX_RESTARTS": 1})
+
+
+# --- without launching ------------------------------------------------------------------------
+
+def test_default_timeouts_read_from_torch():
+    gloo, nccl = lab8.default_timeouts()
+    assert gloo["seconds"] == 1800 and nccl["seconds"] == 600
+    assert "10 * 60 * 1000" in nccl["source"]
+
+
+def test_gpu_knobs_are_named_in_torch_source():
+    rows = {r["variable"].split("=")[0].split(" ")[0]: r for r in lab8.gpu_knobs({"TORCH_DISTRIBUTED_DEBUG": True})}
+    assert "ProcessGroupNCCL.hpp" in rows["TORCH_NCCL_ASYNC_ERROR_HANDLING"]["named in torch 2.13"]
+    assert "FlightRecorder.hpp" in rows["TORCH_FR_BUFFER_SIZE"]["named in torch 2.13"]
+    assert rows["TORCH_DISTRIBUTED_DEBUG"]["verified here"].startswith("yes")
+    assert rows["NCCL_DEBUG"]["verified here"].startswith("no")
+
+
+def test_hsdp_and_tp_theory():
+    shapes = [[[27, 64], [64, 64]], [[256, 64], [256]]]
+    split = hsdp.hsdp_collective_bytes(shapes, replicas=2, shards=2)
+    assert split["inter"] == {"all_reduce": 4 * (14 * 64 + 32 * 64 + 128 * 64 + 128)}
+    flat = hsdp.flat_collective_bytes(shapes, nodes=2, ranks_per_node=2)
+    assert flat["intra"] == {} and flat["inter"]["reduce_scatter"] > split["inter"]["all_reduce"]
+    assert hsdp.tp_mlp_all_reduce_bytes(8, 64, 64, 2) == 524288
+    assert hsdp.node_of_rank(3, 2) == 1
+
+
+def test_accelerate_config_maps_to_fully_shard():
+    plugin = ecosystem.accelerate_plugin(LESSON / "accelerate_fsdp.yaml")
+    assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
+    assert ecosystem.wrap_targets(plugin) == ["Block"]
+    assert ecosystem.fully_shard_kwargs(plugin) == {"reshard_after_forward": True}
+    assert "SHARDED_STATE_DICT" in str(plugin.state_dict_type)
+
+
+def test_zero_table_matches_the_quiz():
+    rows = {r["DeepSpeed"].split(" ")[0]: r for r in ecosystem.zero_table(10 ** 9, 8)}
+    assert rows["ZeRO-0"]["total"] == 16 * 10 ** 9
+    assert rows["ZeRO-1"]["total"] == 4e9 + 4e9 + 1e9
+    assert rows["ZeRO-2"]["total"] == 5.5e9
+    assert rows["ZeRO-3"]["total"] == 2e9
+
+
+# --- failures, diagnosed ------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_hang_stacks_name_the_waiting_lines_and_the_timeout_ends_it():
+    r = hang()
+    assert r["returncode"] != 0
+    waiting = r["waiting"]
+    assert set(waiting) == {"0", "1"}
+    assert "all_gather" in waiting["0"]["innermost"] and waiting["0"]["script_line"].startswith("train train.py:")
+    assert "barrier" in waiting["1"]["innermost"] and waiting["1"]["script_line"].startswith("run train.py:")
+    assert "Timed out waiting 5000ms" in r["output"]
+    assert re.search(r"flight recorder: #\d+ gloo:all_gather", r["output"])
+    assert 0 < r["stacks_after_s"] < r["timeout_s"]
+    assert r["timeout_s"] - 0.5 < r["failed_after_s"] < r["timeout_s"] + 20
+
+
+@pytest.mark.slow
+def test_detail_names_the_rank_branch_mismatch():
+    r = detail()
+    assert r["returncode"] != 0 and r["line"]
+    assert "OpType=ALLREDUCE" in r["line"] and "_ALLGATHER_BASE" in r["line"]
+    assert r["diagnosed_after_s"] < 10  # no timeout waited (COURSE_TIMEOUT_S=60)
+
+
+@pytest.mark.slow
+def test_exception_root_cause_names_the_rank_and_its_traceback():
+    r = crash()
+    cause = r["root_cause"]
+    assert cause["rank"].startswith("1 ") and cause["exitcode"].startswith("1")
+    assert "ValueError: corrupt sample in rank 1's shard at step 3" in cause["exception"]
+    callstack = cause["error_file_json"]["message"]["extraInfo"]["py_callstack"]
+    assert "corrupt_sample_check" in callstack
+
+
+@pytest.mark.slow
+def test_oom_message_names_the_activation():
+    r = oom()
+    assert r["returncode"] != 0
+    size = int(re.search(r"allocate (\d+) bytes", r["line"]).group(1))
+    assert size == 256 * 64 * 4 * 64 * 4  # rows x seq x 4 d_model x fp32: the MLP's hidden activation
+
+
+@pytest.mark.slow
+def test_two_nodes_hsdp_bytes_by_link_and_a_killed_node_resumes_bitwise():
+    r = two_nodes()
+    assert r["returncodes"] == [0, 0], r["outputs"]
+    m = r["metrics"]["results"]
+    assert m["nodes"] == [0, 0, 1, 1] and m["mesh"] == {"shape": [2, 2], "names": ["replicate", "shard"]}
+    measured = {scope: {k: v["bytes"] for k, v in kinds.items()} for scope, kinds in m["collectives"].items()}
+    assert measured == m["theory"]
+    assert set(measured["intra"]) == {"all_gather", "reduce_scatter"} and set(measured["inter"]) == {"all_reduce"}
+    flat = {scope: {k: v["bytes"] for k, v in kinds.items()} for scope, kinds in m["flat"]["collectives"].items()}
+    assert flat == m["flat"]["theory"] and flat["intra"] == {}
+    assert sum(flat["inter"].values()) > 5 * sum(measured["inter"].values())
+    assert m["restart_count"] == 1 and m["resumed_from"] == 4
+    assert m["bitwise"]["equal"] and m["bitwise"]["tensors"] > 0
+    assert m["grad_check"]["max_abs_diff"] < 1e-6
+    assert any("node_rank is only used for static rdzv_backend" in out for out in r["outputs"])
+
+
+@pytest.mark.slow
+def test_tensor_parallel_times_fsdp_on_four_ranks():
+    from course_lab.notebook import launch_lesson
+
+    run = launch_lesson(8, "--tp", "2", "--steps", "3", nproc=4, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:]
+    m = run.metrics["results"]
+    assert m["mesh"] == {"shape": [2, 2], "names": ["dp", "tp"]}
+    g = m["grad_check"]
+    assert g["max_abs_diff"] < 1e-6 and abs(g["loss"] - g["reference_loss"]) < 1e-5
+    fc = next(p for p in m["placements"] if p["name"] == "blocks.0.mlp.fc.weight")
+    assert "Shard(dim=0)" in fc["placements"] and "_StridedShard" in fc["placements"]
+    assert m["collectives"]["intra"]["all_reduce"]["bytes"] == m["theory"]["intra"]["all_reduce"]
+
+
+@pytest.mark.slow
+def test_accelerate_launch_on_cpu_is_not_fsdp_and_the_mapping_holds_the_same_bytes(tmp_path):
+    metrics = tmp_path / "accelerate.json"
+    r = run_cmd([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                 LESSON / "accelerate_fsdp.yaml", LESSON / "accelerate_fsdp.py", "--metrics", metrics],
+                timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "PROBLEM DETECTED: accelerate set up DistributedType.NO with num_processes=1" in r.stdout
+    m = json.loads(metrics.read_text())["results"]
+    assert m["accelerate"]["processes_started"] == 2 and m["accelerate"]["num_processes"] == 1
+    assert m["measured"] == m["theory"] and m["units"] == 5
+
+
+# --- the exercise ---------------------------------------------------------------------------------
+
+def load_solution():
+    spec = importlib.util.spec_from_file_location("sol8", REPO_ROOT / "solutions" / "lesson8_fix_the_job.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.evaluate
+
+
+def test_untouched_exercise_is_not_attempted(tmp_path):
+    starter = tmp_path / "starter.py"
+    starter.write_text(f"{UNTOUCHED}\ndef evaluate(model, batch, env):\n    return None\n")
+    spec = importlib.util.spec_from_file_location("starter8", starter)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(NotImplementedError):
+        check_fix_the_job(module.evaluate)
+
+
+@pytest.mark.slow
+def test_exercise_solution_passes():
+    passed, message = check_fix_the_job(load_solution())
+    assert passed, message
+
+
+@pytest.mark.slow
+def test_exercise_broken_job_fails_in_bounded_time(tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text("import torch\nfrom fsdp_course.model import lm_loss\n\n\n"
+                      "def evaluate(model, batch, env):\n    x, y = batch\n    if env.rank != 0:\n"
+                      "        return None\n    with torch.no_grad():\n        return lm_loss(model(x), y).item()\n")
+    spec = importlib.util.spec_from_file_location("broken8", broken)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    passed, message = check_fix_the_job(module.evaluate, timeout_s=5)
+    assert not passed and "the job still fails" in message, message
+
+
+def test_bad_layout_is_one_line(run_launcher):
+    r = run_launcher("lesson8.sh", "--replicas", "3", env={"NPROC": 2}, timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "--replicas 3 must divide the world size 2" in r.stderr and "Traceback" not in r.stderr
