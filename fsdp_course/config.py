@@ -61,13 +61,15 @@ def parse_config(cls, doc: str | None = None, argv: list[str] | None = None):
     rank = int(os.environ.get("RANK", "0"))
     if rank != 0:
         # Under torchrun every rank parses the same flags: rank 0 alone prints help or the
-        # error, and the others leave after it has (see dist.leave_after_rank0).
+        # error, and the others leave after it has (see dist.leave_after_rank0). A rank that is
+        # still there after the wait (rank 0 had no error) says it itself, in one write.
         parser._print_message = lambda message, file=None: None
 
         def error(message):
-            from fsdp_course.dist import RANK0_GRACE_S
+            from fsdp_course.dist import RANK0_GRACE_S, say
 
             time.sleep(RANK0_GRACE_S)
+            say(f"[rank {rank}] {parser.prog}: error: {message}")
             sys.exit(2)
 
         parser.error = error

@@ -9,8 +9,14 @@
 - Collectives time out after ``COURSE_TIMEOUT_S`` seconds (default 120), so a stuck rank fails
   in bounded time with a message instead of hanging for the default 30 minutes.
 - The same seed on every rank, so every rank builds the same initial model.
-- Teardown that cannot abort at interpreter exit (see ``shared/CPU_NOTES.md``, trap 1):
-  barrier -> gc -> destroy_process_group -> flush -> ``os._exit``.
+- Teardown that cannot abort at interpreter exit: barrier -> gc -> destroy_process_group ->
+  flush -> ``os._exit``. Left to the interpreter's own shutdown, a gloo worker thread can drop
+  the last reference to a tensor while Python is tearing down, and the process dies with
+  ``terminate called without an active exception`` (SIGABRT) after a run that had finished.
+- Every line a rank prints is written whole (``say``): several ranks share one stream, and a
+  line split over two writes lets another rank's line land in its middle.
+- A rank whose collective fails because a peer is gone waits a moment before it leaves, so the
+  rank that failed first is the one torchrun sees exit first (and reports), and says why.
 """
 
 from __future__ import annotations
@@ -33,6 +39,27 @@ import torch.distributed as dist
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
+def say(line: str, stream=None) -> None:
+    """Write ``line`` and its newline to ``stream`` (default: ``sys.stderr`` at the time of the
+    call) in one write. ``print`` writes the text and the newline separately; with unbuffered
+    streams (``PYTHONUNBUFFERED=1``) another rank's line can land between the two. One write of
+    under PIPE_BUF bytes (4096 on Linux) to a pipe reaches it whole."""
+    _write_whole(line + "\n", sys.stderr if stream is None else stream)
+
+
+def _write_whole(text: str, stream) -> None:
+    stream.flush()  # what was printed before this line comes out before it
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # a StringIO, a notebook's stream: no fd
+        stream.write(text)
+        stream.flush()
+        return
+    data = text.encode(getattr(stream, "encoding", None) or "utf-8", "backslashreplace")
+    while data:  # os.write may write less than asked (a signal, a full non-blocking pipe)
+        data = data[os.write(fd, data):]
+
+
 class CourseError(Exception):
     """An expected failure (bad input, wrong checkpoint): reported as one line, no traceback."""
 
@@ -49,10 +76,14 @@ class DistEnv:
     def is_rank0(self) -> bool:
         return self.rank == 0
 
-    def print0(self, *args, **kwargs) -> None:
-        """Print on rank 0 only: the other ranks stay quiet unless something is wrong."""
+    def print0(self, *args, sep: str | None = " ", end: str | None = "\n", file=None,
+               flush: bool = True) -> None:
+        """Print on rank 0 only: the other ranks stay quiet unless something is wrong. Takes
+        ``print``'s arguments and writes the text whole, in one write (see ``say``), so
+        ``flush`` changes nothing."""
         if self.is_rank0:
-            print(*args, **kwargs, flush=True)
+            text = (" " if sep is None else sep).join(map(str, args))
+            _write_whole(text + ("\n" if end is None else end), file or sys.stdout)
 
 
 def launcher_hint(script: str) -> str:
@@ -68,12 +99,9 @@ def require_torchrun(script: str | None = None) -> None:
     missing = [name for name in TORCHRUN_VARS if name not in os.environ]
     if missing:
         script = script or sys.argv[0]
-        print(
-            f"{Path(script).name}: this script runs as several processes started by torchrun, "
+        say(f"{Path(script).name}: this script runs as several processes started by torchrun, "
             f"which sets {', '.join(missing)}; run: {launcher_hint(script)}  "
-            f"(or: torchrun --standalone --nproc-per-node=2 {script})",
-            file=sys.stderr,
-        )
+            f"(or: torchrun --standalone --nproc-per-node=2 {script})")
         sys.exit(2)
 
 
@@ -92,8 +120,9 @@ def timeout_seconds() -> float:
     except ValueError:
         value = -1
     if value <= 0:
-        print(f"COURSE_TIMEOUT_S must be a positive number of seconds, got {raw!r}", file=sys.stderr)
-        sys.exit(2)
+        # Every rank reads the same setting: rank 0 says it once for all.
+        leave_after_rank0(int(os.environ.get("RANK", "0")),
+                          f"COURSE_TIMEOUT_S must be a positive number of seconds, got {raw!r}")
     return value
 
 
@@ -112,10 +141,10 @@ def leave_after_rank0(rank: int, message: str, code: int = 2) -> None:
     exits, and rank 0 must have said why by then. If rank 0 never exits (the error was this
     rank's alone), the rank says it itself after the wait."""
     if rank == 0:
-        print(message, file=sys.stderr)
+        say(message)
     else:
         time.sleep(RANK0_GRACE_S)
-        print(f"[rank {rank}] {message}", file=sys.stderr)
+        say(f"[rank {rank}] {message}")
     _exit(code)
 
 
@@ -123,6 +152,19 @@ def _exit(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+LOST_PEER_WAIT_S = 1.0
+# What gloo and NCCL say when the other end of a connection is gone (the peer died or left).
+LOST_PEER = re.compile(r"by peer|broken pipe|remote process exited", re.IGNORECASE)
+
+
+def _wait_if_a_peer_is_gone(message: str) -> None:
+    """A rank that failed because a peer died or left is a consequence, not the cause: it
+    waits a moment, so that the cause leaves first (torchrun reports the first rank to exit
+    and stops the others) and its line, not this one, is what the learner reads."""
+    if LOST_PEER.search(message):
+        time.sleep(LOST_PEER_WAIT_S)
 
 
 @contextmanager
@@ -147,8 +189,9 @@ def distributed(seed: int = 0):
         # flag, found by all ranks alike) must not cut a peer's connection mid-handshake.
         dist.barrier()
     except Exception as exc:  # noqa: BLE001 - one line, not a traceback from deep in c10d
-        print(f"[rank {rank}] error: could not join the process group: {_one_line(exc)}",
-              file=sys.stderr)
+        message = f"could not join the process group: {_one_line(exc)}"
+        _wait_if_a_peer_is_gone(message)
+        say(f"[rank {rank}] error: {message}")
         _exit(1)
     torch.manual_seed(seed)
     if rank != 0:
@@ -166,22 +209,34 @@ def distributed(seed: int = 0):
     except CourseError as exc:
         leave_after_rank0(rank, f"error: {exc}")
     except BaseException as exc:  # noqa: BLE001 - one readable line instead of N tracebacks
-        message = _one_line(exc)
-        if "timed out" in message.lower() or "timeout" in message.lower():
-            message += (f"  (a rank waited more than COURSE_TIMEOUT_S={timeout:g} s for a collective"
-                        " that another rank never joined)")
-        print(f"[rank {rank}] error: {message}", file=sys.stderr)
-        if os.environ.get("COURSE_DEBUG"):
-            traceback.print_exc()
-        else:
-            print(f"[rank {rank}] (set COURSE_DEBUG=1 for the full traceback)", file=sys.stderr)
-        _exit(1)
+        _fail(rank, exc, timeout)
     # Success: leave together. Without os._exit, gloo worker threads can drop the last tensor
     # reference during interpreter shutdown and abort a run that had finished.
-    dist.barrier()
-    gc.collect()
-    dist.destroy_process_group()
+    try:
+        dist.barrier()  # a peer stuck in a collective of its own never comes: this times out
+        gc.collect()
+        dist.destroy_process_group()
+    except Exception as exc:  # noqa: BLE001 - one line, not a traceback from deep in c10d
+        _fail(rank, exc, timeout, "could not leave the process group together: ")
     _exit(0)
+
+
+def _fail(rank: int, exc: BaseException, timeout: float, what: str = "") -> None:
+    """Say what went wrong on this rank in one line (a timeout says which setting bounds it),
+    the traceback only with COURSE_DEBUG=1, and exit 1."""
+    message = what + _one_line(exc)
+    if "timed out" in message.lower() or "timeout" in message.lower():
+        message += (f"  (a rank waited more than COURSE_TIMEOUT_S={timeout:g} s for a collective"
+                    " that another rank never joined)")
+    _wait_if_a_peer_is_gone(message)
+    say(f"[rank {rank}] error: {message}")
+    if os.environ.get("COURSE_DEBUG"):
+        # Line by line, each marked with its rank: N tracebacks at once stay readable.
+        for line in traceback.format_exc().splitlines():
+            say(f"[rank {rank}] {line}")
+    else:
+        say(f"[rank {rank}] (set COURSE_DEBUG=1 for the full traceback)")
+    _exit(1)
 
 
 def mean_over_ranks(value: torch.Tensor) -> float:

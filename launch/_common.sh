@@ -42,6 +42,8 @@ course_export_pythonpath() {
 
 # Print a command on one line, prefixed with "+ ", to stderr (as `set -x` would), so learners
 # see the real command. Paths under the current directory are shortened to relative ones.
+# (The launchers' lines come before torchrun starts any rank, and bash's echo and printf write
+# each of them, newline included, in one write: no rank's line can land inside one.)
 course_show_cmd() {
     local out="+" arg
     for arg in "$@"; do

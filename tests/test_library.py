@@ -1,6 +1,9 @@
-"""The shared library on its own: process-group exits and timeouts under torchrun, data
+"""The shared library on its own: process-group exits and timeouts under torchrun, whole lines
+from ranks writing at once, the launcher's report of the rank that failed first, data
 determinism, config flags, the theory's formulas."""
 
+import re
+import signal
 import sys
 import textwrap
 import time
@@ -12,32 +15,61 @@ from helpers import run_cmd
 from fsdp_course import theory
 from fsdp_course.config import parse_config
 from fsdp_course.data import load_data
+from fsdp_course import dist as course_dist
 from fsdp_course.dist import CourseError
 from fsdp_course.model import GPT, Block, ModelConfig, num_params
 
-SCRIPT = textwrap.dedent("""
+RACE_LINES = 1000
+
+SCRIPT = textwrap.dedent(f"""
+    import os
+    import signal
     import sys
     import torch.distributed as dist
-    from fsdp_course.dist import CourseError, distributed
+    from fsdp_course.dist import CourseError, distributed, say
     with distributed() as env:
         what = sys.argv[1]
+        if what == "race":
+            dist.barrier()
+            for i in range({RACE_LINES}):
+                say(f"[rank {{env.rank}}] line {{i}}, said while the other ranks talk too")
+            dist.barrier()  # and now every rank fails at the same moment
+            raise ValueError("something broke")
+        if what == "sigkill":
+            if env.rank == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            dist.all_reduce(__import__("torch").ones(1))  # rank 0 loses its peer here
         if what == "course-error":
             if env.rank == 0:
                 __import__("time").sleep(1)  # rank 1 gets there first: rank 0 must still speak
             raise CourseError("checkpoint was written by another model")
         if what == "bug":
             raise ValueError("something broke\\nsecond line of a long message")
-        if what == "stuck" and env.rank == 0:
-            dist.all_reduce(__import__("torch").ones(1))  # rank 1 never joins
+        if what == "stuck":
+            if env.rank == 0:
+                dist.all_reduce(__import__("torch").ones(1))  # rank 1 never joins
+            else:
+                __import__("time").sleep(1)  # then waits in the final barrier: rank 0 times out first
         env.print0("finished")
 """)
 
 
-def torchrun(tmp_path, *args, env=None, nproc=2):
+def torchrun(tmp_path, *args, env=None, nproc=2, agent_flags=()):
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
-    return run_cmd([sys.executable, "-m", "fsdp_course.torchrun", "--standalone",
+    return run_cmd([sys.executable, "-m", "fsdp_course.torchrun", *agent_flags, "--standalone",
                     f"--nproc-per-node={nproc}", script, *args], env=env, timeout=120)
+
+
+# What the launcher's last line looks like after ranks exited on their own with code 1.
+REPORT_EXIT_1 = (r"torchrun: rank \d exited with code 1; its message is above"
+                 r"(; after it, (rank \d exited with code 1(, )?)+)? \(COURSE_DEBUG=1 shows the agent's report\)")
+
+
+def unexpected_lines(stderr: str, patterns: list[str]) -> list[str]:
+    """The lines of ``stderr`` that are none of ``patterns`` (whole-line regular expressions)."""
+    return [line for line in stderr.splitlines()
+            if not any(re.fullmatch(pattern, line) for pattern in patterns)]
 
 
 def test_clean_run_exits_0_without_abort(tmp_path):
@@ -58,22 +90,124 @@ def test_course_error_is_one_line_and_exit_2(tmp_path):
 def test_unexpected_exception_is_one_line_per_rank_and_exit_1(tmp_path):
     proc = torchrun(tmp_path, "bug")
     assert proc.returncode == 1
-    errors = [l for l in proc.stderr.splitlines() if "error: ValueError" in l]
-    assert len(errors) == 2 and "second line" not in proc.stderr
-    assert "Traceback" not in proc.stderr
+    errors = sorted(l for l in proc.stderr.splitlines() if "error: ValueError" in l)
+    assert errors == ["[rank 0] error: ValueError: something broke",
+                      "[rank 1] error: ValueError: something broke"], proc.stderr
+    assert "second line" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+RACE_RUNS = 3
+RACE_RANKS = 4
+
+
+def test_ranks_writing_at_once_write_whole_lines(tmp_path):
+    """Four ranks on one stderr, unbuffered as in CI (print() then writes a line's text and its
+    newline separately): each says RACE_LINES lines at once, then all fail at the same moment.
+    Every line must arrive whole, however the writes of the ranks fall (a few runs, since the
+    collisions are up to the scheduler)."""
+    whole = [r"\[rank \d\] line \d+, said while the other ranks talk too",
+             r"\[rank \d\] error: ValueError: something broke",
+             r"\[rank \d\] \(set COURSE_DEBUG=1 for the full traceback\)",
+             REPORT_EXIT_1]
+    for run in range(1, RACE_RUNS + 1):
+        proc = torchrun(tmp_path, "race", env={"PYTHONUNBUFFERED": "1"}, nproc=RACE_RANKS)
+        assert proc.returncode == 1, proc.stderr
+        broken = unexpected_lines(proc.stderr, whole)
+        assert not broken, f"run {run}: lines broken by another rank's write: {broken[:4]}"
+        for rank in range(RACE_RANKS):
+            said = [l for l in proc.stderr.splitlines() if l.startswith(f"[rank {rank}] line ")]
+            assert said == [f"[rank {rank}] line {i}, said while the other ranks talk too"
+                            for i in range(RACE_LINES)], f"run {run}, rank {rank}"
+        assert "] error: ValueError: something broke" in proc.stderr
+
+
+def test_say_writes_a_line_and_its_newline_in_one_write(tmp_path, monkeypatch):
+    writes = []
+    real_write = course_dist.os.write
+    monkeypatch.setattr(course_dist.os, "write", lambda fd, data: writes.append(data) or real_write(fd, data))
+    with open(tmp_path / "out.txt", "w") as stream:
+        stream.write("printed before, still buffered: ")
+        course_dist.say("one line", stream)
+        course_dist.say("ünïcode too", stream)
+    assert writes == [b"one line\n", "ünïcode too\n".encode()]
+    assert (tmp_path / "out.txt").read_text() == "printed before, still buffered: one line\nünïcode too\n"
 
 
 def test_a_stuck_collective_fails_in_bounded_time(tmp_path):
     start = time.monotonic()
     proc = torchrun(tmp_path, "stuck", env={"COURSE_TIMEOUT_S": "3"})
-    assert proc.returncode != 0
+    assert proc.returncode == 1
     assert time.monotonic() - start < 60
-    assert "COURSE_TIMEOUT_S" in proc.stderr or "rank" in proc.stderr
+    # Rank 0 waits in its all_reduce, rank 1 (a second later) in the barrier that ends the run:
+    # rank 0 times out first, says so in one line that names the setting, and is the rank the
+    # launcher names. Rank 1 then loses its peer: it waits, and is mostly stopped before it says
+    # so; no traceback either way.
+    timed_out = (r"\[rank 0\] error: RuntimeError: .*Timed out.*  \(a rank waited more than "
+                 r"COURSE_TIMEOUT_S=3 s for a collective that another rank never joined\)")
+    lines = proc.stderr.splitlines()
+    assert re.fullmatch(timed_out, lines[0]), proc.stderr
+    assert lines[-1].startswith("torchrun: rank 0 exited with code 1; its message is above")
+    assert not unexpected_lines(proc.stderr, [
+        timed_out,
+        r"\[rank 1\] error: could not leave the process group together: RuntimeError: .+",
+        r"\[rank [01]\] \(set COURSE_DEBUG=1 for the full traceback\)",
+        REPORT_EXIT_1]), proc.stderr
 
 
 def test_bad_timeout_setting_is_refused(tmp_path):
     proc = torchrun(tmp_path, "ok", env={"COURSE_TIMEOUT_S": "soon"})
-    assert proc.returncode == 2 and "COURSE_TIMEOUT_S" in proc.stderr
+    assert proc.returncode == 2
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "COURSE_TIMEOUT_S must be a positive number of seconds, got 'soon'"
+    assert lines[1:] == ["torchrun: rank 0 exited with code 2; its message is above "
+                         "(COURSE_DEBUG=1 shows the agent's report)"]  # said once, by rank 0
+
+
+def test_a_killed_rank_is_named_not_the_peer_that_lost_it(tmp_path):
+    """Rank 1 dies by SIGKILL; rank 0's all_reduce fails on the broken connection. The launcher
+    names rank 1 and its signal (rank 0 waits a second before it leaves: mostly the agent stops
+    it first; test_root_cause_of_a_failed_run covers the agent finding both exits at once)."""
+    proc = torchrun(tmp_path, "sigkill")
+    assert proc.returncode == 128 + signal.SIGKILL, proc.stderr
+    assert re.fullmatch(r"torchrun: rank 1 was killed by SIGKILL \(signal 9\)(; after it, rank 0 "
+                        r"exited with code 1)? \(COURSE_DEBUG=1 shows the agent's report\)",
+                        proc.stderr.splitlines()[-1]), proc.stderr
+    assert not unexpected_lines("\n".join(proc.stderr.splitlines()[:-1]), [
+        r"\[rank 0\] error: RuntimeError: .*by peer.*",
+        r"\[rank 0\] \(set COURSE_DEBUG=1 for the full traceback\)"]), proc.stderr
+
+
+def failure(rank: int, exitcode: int, stamp: int):
+    """A ProcessFailure as the agent builds it when it notices a rank's exit (no error file)."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    result = ProcessFailure(local_rank=rank, pid=1000 + rank, exitcode=exitcode,
+                            error_file="/nonexistent/error.json")
+    result.timestamp = stamp
+    return result
+
+
+def test_root_cause_of_a_failed_run():
+    from fsdp_course.torchrun import report, root_cause
+
+    def cause(*failures):
+        return root_cause({f.local_rank: f for f in failures})[0]
+
+    kill, term = -signal.SIGKILL, -signal.SIGTERM
+    # A rank killed by a signal, its peer's consequent exit 1 stamped the same second (or the
+    # next: the agent's whole seconds can tick between the two).
+    assert cause(failure(0, 1, 100), failure(1, kill, 100)) == 1
+    assert cause(failure(0, 1, 100), failure(1, kill, 101)) == 1
+    # Bad input on rank 0; the agent stops rank 1 with SIGTERM, even in an earlier second.
+    assert cause(failure(0, 2, 101), failure(1, term, 100)) == 0
+    # A bug on rank 1; rank 0 lost its peer and left a second later.
+    assert cause(failure(0, 1, 101), failure(1, 1, 100)) == 1
+    # A signal long after the first failure (the agent's SIGKILL when SIGTERM was not enough).
+    assert cause(failure(0, 1, 100), failure(1, kill, 131)) == 0
+    line, code = report({0: failure(0, 1, 100), 1: failure(1, kill, 100), 2: failure(2, term, 100)})
+    assert line == ("torchrun: rank 1 was killed by SIGKILL (signal 9); after it, rank 0 exited "
+                    "with code 1 (COURSE_DEBUG=1 shows the agent's report)")
+    assert code == 137
 
 
 def test_global_batch_is_the_union_of_rank_batches():
@@ -111,6 +245,26 @@ def test_config_flags_from_a_dataclass():
     with pytest.raises(SystemExit) as exc:
         parse_config(Config, argv=["--strategy", "ZERO9"])
     assert exc.value.code == 2
+
+
+def test_bad_flag_on_another_rank_waits_then_says_it_whole(monkeypatch, capfd):
+    """Under torchrun rank 0 prints argparse's error; another rank stays silent for
+    RANK0_GRACE_S (torchrun has stopped it by then), and only if it is still there says the
+    error itself, as one line with its rank."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class Config:
+        steps: int = 3
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(course_dist, "RANK0_GRACE_S", 0.0)
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+    with pytest.raises(SystemExit) as exc:
+        parse_config(Config, argv=["--steps", "many"])
+    assert exc.value.code == 2
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "[rank 1] train.py: error: argument --steps: invalid int value: 'many'\n")
 
 
 def test_unit_numels_and_padding_theory():
