@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -76,8 +77,17 @@ def test_environment_matches_pyproject():
 
 
 def test_python_version_of_the_environment_is_allowed():
+    """The Python that environment.yml pins, and the one running these tests, are both ones
+    pyproject.toml's requires-python accepts."""
     allowed = SpecifierSet(pyproject()["project"]["requires-python"])
-    assert "3.11" in allowed
+    pins = [d for d in environment()["dependencies"] if isinstance(d, str) and re.match(r"python\b", d)]
+    assert len(pins) == 1, f"environment.yml should pin python once: {pins}"
+    pinned = re.fullmatch(r"python\s*==?\s*(\d+\.\d+)(\.\*)?", pins[0])
+    assert pinned, f"environment.yml: expected python=X.Y, got {pins[0]!r}"
+    assert allowed.contains(pinned.group(1)), (
+        f"environment.yml pins python {pinned.group(1)}, pyproject.toml requires {allowed}")
+    running = "{}.{}.{}".format(*sys.version_info[:3])
+    assert allowed.contains(running), f"the tests run on Python {running}, outside {allowed}"
 
 
 def lesson_notebooks() -> list[Path]:
