@@ -42,10 +42,10 @@ class MetricLogger:
             return
         if not self._printed_header:
             widths = [len(fmt.format(0 if "d" in fmt else 0.0)) for _, fmt in COLUMNS]
-            print(" | ".join(name.rjust(w) for (name, _), w in zip(COLUMNS, widths)), flush=True)
+            self.env.print0(" | ".join(name.rjust(w) for (name, _), w in zip(COLUMNS, widths)))
             self._printed_header = True
         values = (step, loss, ms, peak_mib, sent_mib)
-        print(" | ".join(fmt.format(v) for (_, fmt), v in zip(COLUMNS, values)), flush=True)
+        self.env.print0(" | ".join(fmt.format(v) for (_, fmt), v in zip(COLUMNS, values)))
 
 
 def _jsonable(value):
