@@ -68,8 +68,23 @@ def report(failures: dict[int, ProcessFailure]) -> tuple[str, int]:
     return line + " (COURSE_DEBUG=1 shows the agent's report)", _exit_code(failure.exitcode)
 
 
+def note_launch(args) -> None:
+    """Append one line per launch to ``$COURSE_LAUNCH_LOG`` when it is set: the test suite
+    counts its torchrun launches this way (tests/conftest.py prints the count)."""
+    path = os.environ.get("COURSE_LAUNCH_LOG")
+    if not path:
+        return
+    line = f"{args.nproc_per_node} {args.training_script} {' '.join(args.training_script_args)}\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())  # one append per line: several launchers share the file
+    finally:
+        os.close(fd)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    note_launch(args)
     if "OMP_NUM_THREADS" not in os.environ and str(args.nproc_per_node) not in ("1", "auto"):
         # torchrun would set this too, with a banner; several ranks sharing the cores should not
         # each start a thread per core.

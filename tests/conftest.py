@@ -62,7 +62,23 @@ def pytest_configure(config):
         return
     folder = tempfile.mkdtemp(prefix="fsdp-course-runs-")
     os.environ["COURSE_RUN_CACHE"] = folder
+    os.environ["COURSE_LAUNCH_LOG"] = os.path.join(folder, "launches.log")
     config._course_run_cache = folder
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """How many torchrun launches this test run made (fsdp_course.torchrun notes each one)."""
+    folder = getattr(config, "_course_run_cache", None)
+    if not folder:
+        return
+    try:
+        with open(os.path.join(folder, "launches.log")) as log:
+            launches = log.read().splitlines()
+    except FileNotFoundError:
+        launches = []
+    cached = len([name for name in os.listdir(folder) if name.endswith(".json")])
+    terminalreporter.write_line(f"torchrun launches: {len(launches)} "
+                                f"({cached} lesson launches shared through the run cache)")
 
 
 def pytest_unconfigure(config):
@@ -70,6 +86,7 @@ def pytest_unconfigure(config):
     if folder:
         shutil.rmtree(folder, ignore_errors=True)
         os.environ.pop("COURSE_RUN_CACHE", None)
+        os.environ.pop("COURSE_LAUNCH_LOG", None)
 
 
 @pytest.hookimpl(tryfirst=True)
