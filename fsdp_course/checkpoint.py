@@ -7,8 +7,9 @@
   checkpoints under a root directory (``step_000008`` ...), newest last.
 - ``check_loadable(path, expected)``: a wrong path, a half-written checkpoint, a per-rank
   ``torch.save`` file or a checkpoint of another model -> one-line ``CourseError``.
-- ``fingerprint(model, optimizer)``: a SHA-256 per full (unsharded) tensor of the model and the
-  optimizer state, the same whatever the world size: "bitwise equal" across runs and layouts.
+- ``fingerprint(model, optimizer, rng=False)``: a SHA-256 per full (unsharded) tensor of the
+  model and the optimizer state, the same whatever the world size: "bitwise equal" across runs
+  and layouts; with ``rng=True`` also one per rank's RNG state.
 - ``tensor_bytes(tree)``: bytes a (nested) state dict holds on this rank.
 - ``CrashingWriter``: a DCP ``FileSystemWriter`` that kills its process after writing its own
   shard file, to show what a kill in the middle of a save leaves behind.
@@ -29,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
-from fsdp_course.dist import CourseError
+from fsdp_course.dist import CourseError, say
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 METADATA = ".metadata"  # DCP's index, written last (by the coordinator rank)
@@ -155,20 +156,33 @@ def digest(t: torch.Tensor) -> str:
 
 
 def quiet_state_dict_warnings() -> None:
-    """Silence internal deprecation chatter that classic FSDP's state-dict code repeats on every
-    call in torch 2.13 (``_get_pg_default_device``, "Multiple backends", ShardedTensor)."""
+    """Silence what torch 2.13's state-dict code repeats on every call:
+    ``FSDP.state_dict_type()`` is being deprecated (a FutureWarning: use ``get_state_dict`` /
+    ``set_state_dict``, which serve classic FSDP, FSDP2 and DDP alike; lesson 4 shows it once),
+    and internal notes (``_get_pg_default_device``, "Multiple backends", ShardedTensor)."""
     import warnings
 
     for message in (".*_get_pg_default_device.*", ".*Multiple backends are registered.*",
-                    ".*Please use DTensor instead and we are deprecating ShardedTensor.*"):
+                    ".*Please use DTensor instead and we are deprecating ShardedTensor.*",
+                    ".*FSDP.state_dict_type\\(\\) and FSDP.set_state_dict_type\\(\\) are being deprecated.*"):
         warnings.filterwarnings("ignore", message=message)
 
 
-def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
-    """SHA-256 (16 hex digits) of every full tensor of the model and the optimizer state.
+def rng_digests() -> dict:
+    """``{"rng.rank0": sha, ...}``: every rank's CPU RNG state (collective: call on every rank)."""
+    states = [None] * dist.get_world_size()
+    dist.all_gather_object(states, digest(torch.get_rng_state()))
+    return {f"rng.rank{rank}": state for rank, state in enumerate(states)}
+
+
+def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                rng: bool = False) -> dict:
+    """SHA-256 (16 hex digits) of every full tensor of the model and the optimizer state, and
+    with ``rng=True`` of every rank's RNG state.
 
     Collective: call on every rank. ``full_state_dict=True`` all-gathers each tensor;
-    ``cpu_offload=False`` because classic FSDP's offload crashes on CPU ranks (CPU_NOTES trap 2).
+    ``cpu_offload=False`` because classic FSDP's offload path fails on CPU ranks, where the
+    tensors are in CPU memory already (``bash launch/lesson4.sh --bug offload-cpu`` runs it).
     """
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                          get_optimizer_state_dict)
@@ -181,12 +195,13 @@ def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None 
             for k, v in state.items():
                 if torch.is_tensor(v):
                     result[f"optim.{name}.{k}"] = digest(v)
-    return result
+    return {**result, **rng_digests()} if rng else result
 
 
-def compare_fingerprints(a: dict, b: dict) -> dict:
-    """``{"equal": bool, "tensors": n, "different": [keys...]}``."""
-    keys = sorted(set(a) | set(b))
+def compare_fingerprints(a: dict, b: dict, only: tuple[str, ...] | None = None) -> dict:
+    """``{"equal": bool, "tensors": n, "different": [keys...]}``; ``only``: key prefixes to
+    compare, e.g. ``("model.", "optim.")`` to leave the per-rank RNG states out."""
+    keys = sorted(k for k in set(a) | set(b) if only is None or k.startswith(only))
     different = [k for k in keys if a.get(k) != b.get(k)]
     return {"equal": not different, "tensors": len(keys), "different": different[:10]}
 
@@ -243,6 +258,7 @@ class CrashingWriter(FileSystemWriter):
     def write_data(self, plan, planner):
         future = super().write_data(plan, planner)
         future.wait()
+        say(f"[rank {dist.get_rank()}] simulated crash while saving {Path(self.path).name}: SIGKILL")
         os.kill(os.getpid(), signal.SIGKILL)
         return future
 

@@ -1,128 +1,189 @@
 """Lesson 4 (checkpointing) under torchrun on CPU ranks: the measured facts from the metrics.
 
-Launches: the state-dict demo (1), the rank-0-only hang (1), resharding 4 -> 2 -> 3 (3), a crash
-between saves and a crash inside a save (2, each restarted once), a mismatched checkpoint and a
-crash without restarts (2).
+The notebook's launches are made here with exactly its flags, paths and NPROC, so a test run
+starts each of them once (course_lab.notebook.launch_lesson shares them): the main run with the
+state-dict tour, the rank-0-only hang, the crash inside a save, the load on 3 ranks and the
+exercise's check of the solution. Only the tests start: classic FSDP's offload on CPU ranks, a
+crash between saves, the exercise's check of section 3's own functions (it must fail), and two
+bad inputs on 1 rank.
 """
-import json
+import importlib.util
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
+import torch
 
 import quizzes
-from fsdp_course.checkpoint import check_loadable
-from fsdp_course.dist import CourseError
 from course_lab.exercises.lesson4 import check_dcp_save_load
+from course_lab.notebook import REPO
+from fsdp_course.checkpoint import check_loadable, compare_fingerprints
+from fsdp_course.dist import CourseError
+from lesson_runs import launch, ok
+
+WORK = REPO / "runs" / "lesson4" / "notebook"  # the notebook's folder: the same launches
+RUN = WORK / "run"
 
 
-def launch(run_launcher, tmp_path, name, *args, nproc=2, env=None, timeout=300):
-    metrics = tmp_path / f"{name}.json"
-    env = {"NPROC": str(nproc), **(env or {})}
-    r = run_launcher("lesson4.sh", *args, "--metrics", metrics, env=env, timeout=timeout)
-    return r, (json.loads(metrics.read_text()) if metrics.is_file() else None)
+def results(run, metrics) -> dict:
+    ok(run)
+    assert metrics is not None, run.stdout[-2000:]
+    return metrics["results"]
 
 
-def ok(r, m):
-    assert r.returncode == 0 and m is not None, r.stdout[-2000:] + r.stderr[-3000:]
-    return m["results"]
+@pytest.fixture(scope="module")
+def main():
+    return results(*launch(4, "--ckpt-dir", RUN, "--demo", "torch-save,types,rng"))
 
 
 @pytest.mark.slow
-def test_state_dict_types_round_trip_and_torch_save_pitfall(run_launcher, tmp_path):
-    r, m = launch(run_launcher, tmp_path, "demo", "--demo", "torch-save,types", "--steps", "2",
-                  "--ckpt-dir", tmp_path / "ckpt")
-    results = ok(r, m)
-    pitfall = results["torch_save"]
+def test_torch_save_writes_a_full_copy_with_classic_fsdp_and_a_part_with_fsdp2(main):
+    pitfall = main["torch_save"]
     full_bytes = 4 * pitfall["num_params"]
-    # every rank wrote the full model (the default FULL_STATE_DICT all-gathered it) ...
-    assert [p["model_bytes"] for p in pitfall["per_rank"]] == [full_bytes, full_bytes]
-    assert all(p["collectives"]["all_gather"]["calls"] > 0 for p in pitfall["per_rank"])
+    classic, fsdp2 = pitfall["classic"], pitfall["fsdp2"]
+    # classic: the default FULL_STATE_DICT all-gathered every unit, every rank wrote the model ...
+    assert [r["model bytes held"] for r in classic] == [full_bytes, full_bytes]
+    assert all(r["collectives"]["all_gather"]["calls"] > 0 for r in classic)
     # ... but only its shard of the optimizer state, keyed by flat parameter, which plain AdamW refuses
-    assert pitfall["per_rank"][0]["optim_keys"] == [0, 1, 2]
-    assert pitfall["per_rank"][0]["optim_bytes"] < 2 * full_bytes
-    loads = {row["what"].split(".")[0]: row for row in pitfall["loads"]}
+    assert classic[0]["optim_keys"] == [0, 1, 2]
+    loads = {row["what"].split(".")[0]: row for row in pitfall["classic_loads"]}
     assert loads["plain GPT"]["ok"] and not loads["plain AdamW"]["ok"]
     assert "parameter group" in loads["plain AdamW"]["message"]
+    # FSDP2: DTensors whose shapes say the whole model, each rank holding its part; nothing gathered
+    assert all(r["tensor type"] == "DTensor" and r["collectives"] == {} for r in fsdp2)
+    assert all(r["model bytes the shapes say"] == full_bytes > r["model bytes held"] for r in fsdp2)
+    assert sum(r["model bytes held"] for r in fsdp2) == full_bytes
+    refused, loaded, as_dtensors, as_parts = pitfall["fsdp2_loads"]
+    assert not refused["ok"] and "torch.distributed.tensor`` must be imported" in refused["message"]
+    assert loaded["ok"] and "shape [27, 64], holds [14, 64]" in loaded["message"]
+    assert not as_dtensors["ok"] and "mixed torch.Tensor and DTensor" in as_dtensors["message"]
+    assert not as_parts["ok"] and "size mismatch" in as_parts["message"]
 
-    rows = {row["state dict"]: row for row in results["types"]["rows"]}
-    assert set(rows) == {"FULL_STATE_DICT", "SHARDED_STATE_DICT", "LOCAL_STATE_DICT", "DCP get_state_dict"}
+
+@pytest.mark.slow
+def test_state_dict_types_classic_gathers_fsdp2_does_not_ddp_is_written_once(main):
+    types = main["types"]
+    rows = {row["state dict"]: row for row in types["rows"]}
+    assert list(rows) == ["classic FULL_STATE_DICT", "classic SHARDED_STATE_DICT", "classic LOCAL_STATE_DICT",
+                          "classic get_state_dict", "FSDP2 get_state_dict", "DDP get_state_dict"]
     assert all(row["round trip equal"] for row in rows.values())
-    full = rows["FULL_STATE_DICT"]
-    # rank0_only: rank 0 holds model + both Adam slots (3 x the parameter bytes) + a 4-byte step
-    # count per parameter tensor; the others hold nothing
-    assert full["bytes held max other rank"] == 0
-    assert full["bytes held rank 0"] == 3 * results["types"]["param_bytes"] + 4 * pitfall["per_rank"][0]["model_tensors"]
-    assert full["files"] == 1
-    for kind in ("SHARDED_STATE_DICT", "DCP get_state_dict"):
-        assert rows[kind]["files"] == 3  # one per rank + .metadata
-        assert rows[kind]["bytes held rank 0"] < 0.55 * full["bytes held rank 0"]
-    assert rows["LOCAL_STATE_DICT"]["files"] == 2
-
-
-def test_rank0_only_state_dict_fails_in_bounded_time(run_launcher, tmp_path):
-    r, _ = launch(run_launcher, tmp_path, "hang", "--bug", "rank0-only", "--steps", "1",
-                  "--ckpt-dir", tmp_path / "ckpt", env={"COURSE_TIMEOUT_S": "3"}, timeout=120)
-    out = r.stdout + r.stderr
-    assert r.returncode != 0
-    assert "Timed out" in out and "COURSE_TIMEOUT_S=3" in out
-    assert "Traceback" not in out
-
-
-@pytest.mark.slow
-def test_dcp_reshard_4_to_2_to_3(run_launcher, tmp_path):
-    a, b = tmp_path / "a", tmp_path / "b"
-    saved = ok(*launch(run_launcher, tmp_path, "s4", "--save", a, "--steps", "3", nproc=4))
-    assert len([f for f in saved["save_files"] if f["file"].endswith(".distcp")]) == 4
-    two = ok(*launch(run_launcher, tmp_path, "l2", "--load", a, "--steps", "5", "--save", b))
-    assert two["equal_to_saved"]["equal"], two["equal_to_saved"]
-    assert two["equal_to_saved"]["tensors"] > 50  # model and optimizer tensors
-    three = ok(*launch(run_launcher, tmp_path, "l3", "--load", b, nproc=3))
-    assert three["equal_to_saved"]["equal"], three["equal_to_saved"]
-    assert three["loaded"] == two["saved"] != two["loaded"]  # two trained steps 3 -> 5 in between
+    assert types["from_classic"] == {"FSDP2": True, "DDP": True}
+    param_bytes = types["param_bytes"]
+    full = rows["classic FULL_STATE_DICT"]
+    # rank0_only: rank 0 holds model + both Adam slots + a 4-byte step per parameter tensor
+    assert full["held max other"] == 0 and full["files"] == 1
+    assert full["held rank 0"] == 3 * param_bytes + 4 * types["param_tensors"]
+    # classic SHARDED (and get_state_dict, which uses it) all-gathers every unit: the whole
+    # model, padded by at most N-1 elements per unit (3 units, 2 ranks); FSDP2 gathers nothing
+    for kind in ("classic SHARDED_STATE_DICT", "classic get_state_dict"):
+        assert param_bytes <= rows[kind]["model gathered"] <= param_bytes + 4 * 3
+        assert rows[kind]["files"] == 3 and rows[kind]["held rank 0"] < 0.55 * full["held rank 0"]
+    assert rows["classic LOCAL_STATE_DICT"]["model gathered"] < 0.05 * param_bytes
+    assert rows["classic LOCAL_STATE_DICT"]["files"] == 2
+    for kind in ("FSDP2 get_state_dict", "DDP get_state_dict"):
+        assert rows[kind]["model gathered"] == rows[kind]["optim gathered"] == 0
+    assert rows["classic get_state_dict"]["optim gathered"] > 0
+    # DDP: every rank holds everything, DCP writes it once: fewer data bytes than FSDP2's one copy
+    ddp, fsdp2 = rows["DDP get_state_dict"], rows["FSDP2 get_state_dict"]
+    assert ddp["held rank 0"] == ddp["held max other"] == full["held rank 0"]
+    assert ddp["file bytes"] - ddp["of which .metadata"] < fsdp2["file bytes"] - fsdp2["of which .metadata"]
+    assert types["warning"].startswith("FutureWarning: FSDP.state_dict_type() and FSDP.set_state_dict_type() "
+                                       "are being deprecated")
 
 
 @pytest.mark.slow
-def test_crash_restarts_resumes_and_ends_bitwise_equal(run_launcher, tmp_path):
-    # the issue's command: no MAX_RESTARTS given, launch/lesson4.sh allows one restart itself
-    r, m = launch(run_launcher, tmp_path, "crash", "--crash-at-step", "5", "--ckpt-dir", tmp_path / "ckpt",
-                  env={"MAX_RESTARTS": None})
-    results = ok(r, m)
-    assert "simulated crash at step 5" in r.stdout + r.stderr
-    assert results["restart_count"] == 1 and results["resumed_from"] == 4
-    assert results["equal_restored"]["equal"] and results["equal_restored"]["from_step"] == 4
-    assert results["equal_uninterrupted"]["equal"] and results["equal_uninterrupted"]["from_step"] == 0
-    assert results["equal_uninterrupted"]["tensors"] > 50
-    assert [row["step"] for row in m["history"]] == [4, 5, 6, 7]  # the second attempt's steps
+def test_rng_state_is_written_once_so_a_seed_per_rank_is_lost(main):
+    rows = main["rng"]["rows"]
+    same = [r for r in rows if r["case"] == "same seed"]
+    per_rank = [r for r in rows if r["case"] == "seed per rank"]
+    assert len(same) == len(per_rank) == 2 and all(r["own state back"] for r in same)
+    assert len({r["saved RNG"] for r in per_rank}) == 2  # two streams went in ...
+    assert len({r["restored RNG"] for r in per_rank}) == 1  # ... one came back, to both ranks
+    assert sorted(r["own state back"] for r in per_rank) == [False, True]
+    assert all(r["next rand() after load"] != r["next rand() expected"] for r in per_rank if not r["own state back"])
+    assert all(len(files.split(", ")) == 1 for files in main["rng"]["rng_file"].values())
 
 
 @pytest.mark.slow
-def test_killed_save_leaves_previous_checkpoint_loadable(run_launcher, tmp_path):
-    ckpt_dir = tmp_path / "ckpt"
-    r, m = launch(run_launcher, tmp_path, "crash_save", "--crash-at-step", "8", "--crash-in", "save",
-                  "--ckpt-dir", ckpt_dir, env={"MAX_RESTARTS": "1"})
-    results = ok(r, m)
-    assert results["partial_found"] == [{"dir": ".tmp-step_000008", "files": ["__0_0.distcp", "__1_0.distcp"]}]
-    assert results["resumed_from"] == 4  # the previous, complete checkpoint
-    assert results["equal_uninterrupted"]["equal"]
-    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["step_000004", "step_000008"]  # no .tmp left
+def test_resume_is_bitwise_model_optimizer_and_rng(main):
+    for name, first in (("restored", 4), ("uninterrupted", 0)):
+        verdict = main[f"equal_{name}"]
+        assert verdict["equal"] and verdict["from_step"] == first, verdict
+        assert verdict["tensors"] == len(main["final"]) and sum(k.startswith("rng.") for k in main["final"]) == 2
+    assert sorted(f["file"] for f in main["checkpoint_files"]) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
 
 
-def test_mismatched_checkpoint_and_missing_restarts_are_one_line_errors(run_launcher, tmp_path):
-    # a "checkpoint" of another model: written here, in one process, with DCP
-    import torch
+@pytest.mark.slow
+def test_load_on_3_ranks_what_2_saved(main):
+    three = results(*launch(4, "--load", RUN / "step_000008", nproc=3))
+    verdict = compare_fingerprints(main["final"], three["loaded"], only=("model.", "optim."))
+    assert verdict["equal"] and verdict["tensors"] > 100, verdict
+
+
+def test_rank0_only_state_dict_fails_in_bounded_time():
+    run, _ = launch(4, "--bug", "rank0-only", "--steps", "1", "--ckpt-dir", WORK / "hang",
+                    env={"COURSE_TIMEOUT_S": "3"})
+    assert run.returncode != 0
+    assert "Timed out" in run.stdout and "COURSE_TIMEOUT_S=3" in run.stdout
+    assert "Traceback" not in run.stdout
+
+
+def test_default_collective_timeouts_from_torch_source():
+    """What the notebook prints next to the hang: gloo's default from the Python constant, NCCL's
+    from the C++ header a CPU-only build still ships."""
+    import torch.distributed.constants as constants
+
+    assert constants.default_pg_timeout == timedelta(minutes=30)
+    header = Path(torch.__file__).parent / "include/torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp"
+    text = " ".join(header.read_text().split())
+    assert "kProcessGroupNCCLDefaultTimeout = std::chrono::milliseconds(10 * 60 * 1000)" in text
+
+
+def test_offload_to_cpu_fails_on_cpu_ranks_in_one_line():
+    run, _ = launch(4, "--bug", "offload-cpu", "--steps", "1", "--ckpt-dir", WORK / "offload")
+    assert run.returncode == 1
+    assert any(line.startswith("[rank 0] error: RuntimeError: setStorage") and "out of bounds" in line
+               for line in run.stderr.splitlines()), run.stderr[-2000:]
+    assert "Traceback" not in run.stdout
+
+
+@pytest.mark.slow
+def test_killed_save_leaves_previous_checkpoint_loadable():
+    crash_dir = WORK / "crash"
+    run, metrics = launch(4, "--ckpt-dir", crash_dir, "--crash-at-step", "8", "--crash-in", "save")
+    found = results(run, metrics)
+    assert "simulated crash while saving .tmp-step_000008" in run.stdout
+    assert found["restart_count"] == 1 and found["resumed_from"] == 4  # the previous, complete checkpoint
+    assert found["partial_found"] == [{"dir": ".tmp-step_000008", "files": ["__0_0.distcp", "__1_0.distcp"]}]
+    assert found["equal_restored"]["equal"] and found["equal_uninterrupted"]["equal"]
+    assert sorted(p.name for p in crash_dir.iterdir()) == ["step_000004", "step_000008"]  # no .tmp left
+    assert [row["step"] for row in metrics["history"]] == [4, 5, 6, 7]  # the second attempt's steps
+
+
+@pytest.mark.slow
+def test_crash_between_saves_restarts_and_resumes(tmp_path):
+    # the docstring's command: no MAX_RESTARTS given, launch/lesson4.sh allows one restart itself
+    run, metrics = launch(4, "--crash-at-step", "5", "--ckpt-dir", tmp_path / "ckpt", env={"MAX_RESTARTS": None})
+    found = results(run, metrics)
+    assert "simulated crash at step 5" in run.stdout
+    assert found["restart_count"] == 1 and found["resumed_from"] == 4
+    assert found["equal_restored"]["equal"] and found["equal_uninterrupted"]["equal"]
+
+
+def test_mismatched_checkpoint_and_missing_restarts_are_one_line_errors(tmp_path):
     import torch.distributed.checkpoint as dcp
 
-    other = tmp_path / "other"
+    other = tmp_path / "other"  # a "checkpoint" of another model, written here in one process
     dcp.save({"model": {"tok_emb.weight": torch.zeros(27, 32)}}, checkpoint_id=other)
-    r, _ = launch(run_launcher, tmp_path, "bad", "--load", other)
-    err = r.stderr.strip().splitlines()
-    assert r.returncode == 2, r.stderr
+    run, _ = launch(4, "--load", other, nproc=1)
+    assert run.returncode == 2, run.stderr
     assert any(line.startswith("error: ") and "saved from another model" in line and "[27, 32]" in line
-               for line in err), r.stderr
-    assert "Traceback" not in r.stderr
+               for line in run.stderr.splitlines()), run.stderr
+    assert "Traceback" not in run.stderr
 
-    r, _ = launch(run_launcher, tmp_path, "norestart", "--crash-at-step", "5", env={"MAX_RESTARTS": "0"})
-    assert r.returncode == 2 and "MAX_RESTARTS=1 bash launch/lesson4.sh --crash-at-step" in r.stderr
-    assert "simulated crash" not in r.stdout
+    run, _ = launch(4, "--crash-at-step", "5", nproc=1, env={"MAX_RESTARTS": "0"})
+    assert run.returncode == 2 and "MAX_RESTARTS=1 bash launch/lesson4.sh --crash-at-step" in run.stderr
+    assert "simulated crash" not in run.stdout
 
 
 def test_check_loadable_messages(tmp_path):
@@ -140,7 +201,7 @@ def test_check_loadable_messages(tmp_path):
         check_loadable(ranks)
 
 
-def test_exercise_checker_without_launches(tmp_path):
+def test_exercise_checker_without_launches():
     def save(path, model, optimizer):
         raise NotImplementedError
 
@@ -151,6 +212,47 @@ def test_exercise_checker_without_launches(tmp_path):
         check_dcp_save_load(save, load=load)
     passed, message = check_dcp_save_load(save)
     assert not passed and "load=load" in message
+
+
+def _functions(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.save, module.load
+
+
+@pytest.mark.slow
+def test_exercise_passes_the_solution(tmp_path):
+    save, load = _functions(REPO / "solutions" / "lesson4_dcp_save_load.py")  # the notebook's launch
+    passed, message = check_dcp_save_load(save, load=load)
+    assert passed, message
+
+
+@pytest.mark.slow
+def test_exercise_fails_section_3s_functions_and_says_which_rank(tmp_path):
+    """The script's own save/load (one RNG key for all ranks) restore model and optimizer: the
+    check must fail them, naming the rank that came back with another rank's RNG state."""
+    module = tmp_path / "section3.py"
+    module.write_text('''import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+
+def save(path, model, optimizer):
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd, "rng": torch.get_rng_state()}, checkpoint_id=path)
+
+
+def load(path, model, optimizer):
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd, "rng": torch.get_rng_state()}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    torch.set_rng_state(state["rng"])
+''')
+    passed, message = check_dcp_save_load(*_functions(module))
+    assert not passed
+    assert "model and optimizer came back" in message and "came back with rank" in message, message
 
 
 def test_quiz_open_question_graded_in_english_and_chinese():

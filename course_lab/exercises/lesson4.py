@@ -1,15 +1,18 @@
-"""Lesson 4 exercise: save / load functions with DCP that survive a change of world size.
+"""Lesson 4 exercise: DCP save / load functions that give every rank its own RNG state back.
 
-The checker runs the learner's two functions for real: it writes them into a module, has
-``lessons/04_checkpointing/train.py --ckpt-module MODULE`` save a trained model and its
-optimizer on ``save_ranks`` ranks, and load that checkpoint on ``load_ranks`` ranks; the script
-fingerprints the full model and optimizer state after the save and after the load (one SHA-256
-per tensor), and the exercise passes when they are equal.
+The checker runs the learner's two functions for real: it writes them into a module and runs
+``lessons/04_checkpointing/train.py --ckpt-module MODULE --save DIR --reload --rng per-rank``:
+every rank draws from its own random stream, trains, saves with ``save``, then loads with
+``load`` into a fresh model (another initialisation, another RNG state). The script fingerprints
+the full model, the optimizer state and each rank's RNG state after the save and after the load
+(one SHA-256 per tensor); the exercise passes when they are all equal.
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import shutil
 import tempfile
 import textwrap
 from pathlib import Path
@@ -54,46 +57,51 @@ def _run(args: list[str], nproc: int) -> tuple[dict | None, str]:
     return run.metrics, run.stdout
 
 
-def _hint(different: list[str]) -> str:
+def _hint(saved: dict, reloaded: dict, different: list[str]) -> str:
+    states = [k for k in different if k.startswith("rng.")]
+    if states and len(states) == len(different):
+        borrowed = [f"{k[4:].replace('rank', 'rank ')} came back with {o[4:].replace('rank', 'rank ')}'s"
+                    for k in states for o in saved if o.startswith("rng.") and o != k and saved[o] == reloaded[k]]
+        if borrowed:
+            return f"model and optimizer came back, but {'; '.join(borrowed)} random-number generator state"
+        return "model and optimizer came back, but not the random-number generator state of " + ", ".join(
+            k[4:].replace("rank", "rank ") for k in states)
     if all(k.startswith("optim.") for k in different):
         return ("the model came back but the optimizer state did not: save and load the "
                 "optimizer too (get_state_dict(model, optimizer) gives both)")
     if all(k.startswith("model.") for k in different):
         return "the optimizer came back but the model did not: did load() call set_state_dict?"
-    return ("nothing came back as saved: load must fill the state dict in place (dcp.load) "
-            "and then hand it to set_state_dict(model, optimizer, ...)")
+    return ("the model and optimizer did not come back as saved: load must fill the state dict in "
+            "place (dcp.load) and then hand it to set_state_dict(model, optimizer, ...)")
 
 
 @exercise("lesson4", "ex_dcp_save_load")
-def check_dcp_save_load(save, load=None, save_ranks: int = 2, load_ranks: int = 3,
-                        steps: int = 3) -> tuple[bool, str]:
-    """``save(path, model, optimizer)`` on ``save_ranks`` ranks, then ``load(path, model,
-    optimizer)`` on ``load_ranks`` ranks: the loaded model and optimizer state must equal the
-    saved ones, bitwise."""
+def check_dcp_save_load(save, load=None, ranks: int = 2, steps: int = 3) -> tuple[bool, str]:
+    """``save(path, model, optimizer)`` then ``load(path, model, optimizer)`` on ``ranks`` ranks,
+    each with its own RNG stream: model, optimizer state and every rank's RNG state must come
+    back bitwise."""
     if load is None:
         return False, "pass both functions: check_exercise(..., save, load=load)"
     source = module_source(save, load)
-    with tempfile.TemporaryDirectory(prefix="lesson4-ex-") as tmp:
-        module = Path(tmp) / "learner_ckpt.py"
-        module.write_text(source)
-        ckpt_dir = Path(tmp) / "checkpoint"
-        saved, out = _run(["--ckpt-module", str(module), "--save", str(ckpt_dir), "--steps", str(steps),
-                           "--ckpt-dir", str(Path(tmp) / "unused")],
-                          save_ranks)
-        if saved is None:
-            return False, f"saving on {save_ranks} ranks failed: {out}"
-        loaded, out = _run(["--ckpt-module", str(module), "--load", str(ckpt_dir),
-                            "--ckpt-dir", str(Path(tmp) / "unused")],
-                           load_ranks)
-        if loaded is None:
-            return False, (f"saved on {save_ranks} ranks, but loading on {load_ranks} ranks failed: "
-                           f"{out} (a checkpoint that only loads on the world size that wrote it is "
-                           "the LOCAL_STATE_DICT / per-rank torch.save trap)")
-    verdict = loaded["results"].get("equal_to_saved")
-    if verdict is None:
-        return False, "the load run found no fingerprint of the save: did save() write into the directory it was given?"
+    # A folder named by the functions' source: the same functions make the same launch, which a
+    # test run shares between the notebook and the tests (course_lab.notebook.launch_lesson).
+    work = Path(tempfile.gettempdir()) / f"lesson4-ex-{hashlib.sha256(source.encode()).hexdigest()[:12]}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        (work / "learner_ckpt.py").write_text(source)
+        run, out = _run(["--ckpt-module", work / "learner_ckpt.py", "--save", work / "checkpoint", "--reload",
+                         "--rng", "per-rank", "--steps", str(steps), "--ckpt-dir", work / "unused"], ranks)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if run is None:
+        return False, f"save or load failed on {ranks} ranks: {out}"
+    results = run["results"]
+    verdict = results["equal_reloaded"]
     if not verdict["equal"]:
-        return False, (f"loaded on {load_ranks} ranks, but {len(verdict['different'])}+ tensors differ from "
-                       f"what was saved on {save_ranks} (e.g. {verdict['different'][:2]}): {_hint(verdict['different'])}")
-    return True, (f"saved on {save_ranks} ranks, loaded on {load_ranks}: all {verdict['tensors']} tensors "
-                  "(model and optimizer state) bitwise equal.")
+        n = len(verdict["different"])
+        return False, (f"{n}{'+' if n == 10 else ''} of {verdict['tensors']} fingerprints differ after the "
+                       f"load (e.g. {verdict['different'][:2]}): "
+                       f"{_hint(results['saved'], results['reloaded'], verdict['different'])}")
+    return True, (f"saved and loaded on {ranks} ranks, each with its own random stream: all "
+                  f"{verdict['tensors']} fingerprints (model, optimizer state, every rank's RNG) bitwise equal.")

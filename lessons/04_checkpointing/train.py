@@ -1,20 +1,21 @@
 """Lesson 4: checkpointing a sharded model (classic FSDP) without losing work.
 
-Trains the course GPT with every block its own FSDP unit and saves a checkpoint every
---ckpt-every steps with torch.distributed.checkpoint (DCP): each rank writes its own shards into
-a temporary directory that is renamed into place only when every rank is done. After a restart
-it resumes from the newest checkpoint (model, optimizer, step = data position, RNG). At the end
-it trains the same model twice more in this process, restored from the oldest checkpoint and
-uninterrupted from scratch, and checks all three end bitwise identical.
+Trains the course GPT (every block an FSDP unit) and checkpoints every --ckpt-every steps with
+torch.distributed.checkpoint (DCP), into a temporary directory renamed into place once every
+rank is done. A restart resumes from the newest checkpoint (model, optimizer, step = data
+position, RNG). Then two copies, restored from the oldest checkpoint and uninterrupted from
+scratch, are trained here too: all three must end bitwise identical (RNG states included).
 
     bash launch/lesson4.sh                               # 8 steps, a checkpoint every 4, compare
+    bash launch/lesson4.sh --demo torch-save,types,rng   # ... and what each state dict holds
+    bash launch/lesson4.sh --rng per-rank                # a seed per rank: still bitwise?
     bash launch/lesson4.sh --crash-at-step 5             # rank N-1 is killed once; restart, resume
     bash launch/lesson4.sh --crash-at-step 8 --crash-in save    # killed half-way through a save
-    bash launch/lesson4.sh --demo torch-save,types       # what torch.save writes; state-dict types
     COURSE_TIMEOUT_S=5 bash launch/lesson4.sh --bug rank0-only  # state_dict() on rank 0 only: hangs
-    NPROC=4 bash launch/lesson4.sh --save runs/lesson4/dcp4     # save on 4 ranks ...
-    NPROC=2 bash launch/lesson4.sh --load runs/lesson4/dcp4     # ... load on 2, checked equal
-    NPROC=3 bash launch/lesson4.sh --load DIR --ckpt-module solutions/lesson4_dcp_save_load.py
+    bash launch/lesson4.sh --bug offload-cpu             # classic FSDP's offload_to_cpu on CPU ranks
+    NPROC=2 bash launch/lesson4.sh --save runs/lesson4/dcp2     # save on 2 ranks ...
+    NPROC=3 bash launch/lesson4.sh --load runs/lesson4/dcp2     # ... load on 3, checked equal
+    bash launch/lesson4.sh --save DIR --reload --rng per-rank --ckpt-module solutions/lesson4_dcp_save_load.py
 
 A fresh run (not --resume, not a restart) first deletes the checkpoints in --ckpt-dir.
 """
@@ -24,7 +25,6 @@ import os
 import shutil
 import signal
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,21 +32,21 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel as FSDP, StateDictType
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the lesson's own state_dicts.py
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the lesson's own modules
+import pitfalls  # noqa: E402
+import plumbing  # noqa: E402
 import state_dicts  # noqa: E402
 
 from fsdp_course import checkpoint as ckpt  # noqa: E402
 from fsdp_course.config import TrainConfig, describe, parse_config  # noqa: E402
 from fsdp_course.data import load_data  # noqa: E402
-from fsdp_course.dist import CourseError, distributed, mean_over_ranks  # noqa: E402
+from fsdp_course.dist import distributed, mean_over_ranks  # noqa: E402
 from fsdp_course.measure import MiB, CommCounter, state_bytes  # noqa: E402
 from fsdp_course.model import GPT, Block, lm_loss  # noqa: E402
-from fsdp_course.report import MetricLogger, write_json_atomic, write_metrics  # noqa: E402
-
-DEMOS = ("torch-save", "types")
+from fsdp_course.report import MetricLogger, write_metrics  # noqa: E402
 
 
 @dataclass
@@ -61,12 +61,13 @@ class Config(TrainConfig):
     resume: bool = field(default=False, metadata={"help": "resume from the newest checkpoint (automatic after a restart)"})
     crash_at_step: int | None = field(default=None, metadata={"help": "kill the last rank once at this step (needs MAX_RESTARTS>=1)"})
     crash_in: str = field(default="step", metadata={"choices": ("step", "save"), "help": "step: before the step; save: during the first save at or after it"})
-    compare: bool = field(default=True, metadata={"help": "also train restored and uninterrupted copies and compare"})
+    rng: str = field(default="shared", metadata={"choices": ("shared", "per-rank"), "help": "per-rank: each rank reseeds after the build (its own dropout masks, say)"})
     save: str | None = field(default=None, metadata={"help": "after training, save a DCP checkpoint here"})
+    reload: bool = field(default=False, metadata={"help": "after --save, load it into a fresh model (another init and RNG) and compare"})
     load: str | None = field(default=None, metadata={"help": "load this DCP checkpoint first (any world size)"})
     ckpt_module: str | None = field(default=None, metadata={"help": "a .py file with save(path, model, optimizer) and load(path, model, optimizer) for --save/--load"})
-    demo: str | None = field(default=None, metadata={"help": f"after training: {', '.join(DEMOS)} (comma-separated)"})
-    bug: str | None = field(default=None, metadata={"choices": ("rank0-only",), "help": "rank0-only: call state_dict() on rank 0 only"})
+    demo: str | None = field(default=None, metadata={"help": f"after training: {', '.join(plumbing.DEMOS)} (comma-separated)"})
+    bug: str | None = field(default=None, metadata={"choices": ("rank0-only", "offload-cpu"), "help": "rank0-only: state_dict() on rank 0 only; offload-cpu: offload_to_cpu=True on CPU ranks"})
 
 
 def build(cfg, env, data, seed):
@@ -75,6 +76,8 @@ def build(cfg, env, data, seed):
     model = GPT(cfg.model_config(data.vocab_size))
     model = FSDP(model, device_id=env.device, auto_wrap_policy=functools.partial(
         transformer_auto_wrap_policy, transformer_layer_cls={Block}))
+    if cfg.rng == "per-rank":  # the same init everywhere, then a random stream per rank
+        torch.manual_seed(1000 * seed + env.rank)
     return model, torch.optim.AdamW(model.parameters(), lr=cfg.lr)
 
 
@@ -90,8 +93,10 @@ def train_step(model, optimizer, data, env, cfg, step) -> tuple[float, int]:
 
 
 def save_checkpoint(path, model, optimizer, step, env, crash=False):
-    """DCP: every rank writes only its own shards, in parallel; nobody gathers the model."""
-    model_sd, optim_sd = get_state_dict(model, optimizer)  # sharded views (ShardedTensor), no copy
+    """DCP: every rank writes only its own part, in parallel. For classic FSDP get_state_dict
+    all-gathers each unit for a moment to cut it into per-parameter chunks; FSDP2 gathers nothing."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)  # ShardedTensors (FSDP2: DTensors)
+    # The RNG state is a plain tensor, the same key on every rank: DCP keeps ONE copy of it.
     state = {"model": model_sd, "optim": optim_sd,
              "trainer": {"step": step, "rng": torch.get_rng_state()}}
     with ckpt.atomic_dir(path, env.is_rank0) as tmp:  # .tmp-step_N, renamed once all are done
@@ -111,32 +116,15 @@ def load_checkpoint(path, model, optimizer) -> int:
     return state["trainer"]["step"]
 
 
-def timed(fn, *args):
-    start = time.perf_counter()
-    out = fn(*args)
-    return out, round((time.perf_counter() - start) * 1e3, 1)
-
-
 def main() -> None:
     cfg = parse_config(Config, __doc__)
     with distributed(seed=cfg.seed) as env:
         # --- setup -------------------------------------------------------------------------
-        ckpt.quiet_state_dict_warnings()  # torch-internal deprecation notes, repeated per call
+        ckpt.quiet_state_dict_warnings()  # repeated on every call; --demo types shows one, explained
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        demos = [d.strip() for d in (cfg.demo or "").split(",") if d.strip()]
-        if any(d not in DEMOS for d in demos):
-            raise CourseError(f"--demo {cfg.demo}: choose from {', '.join(DEMOS)}")
-        periodic = not (cfg.save or cfg.load or demos or cfg.bug) and cfg.ckpt_every > 0
-        if cfg.crash_at_step is not None:
-            if not periodic:
-                raise CourseError("--crash-at-step needs periodic checkpoints (not with --save/--load/--demo/--bug, --ckpt-every > 0)")
-            if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) < 1:
-                raise CourseError("--crash-at-step kills a rank: allow a restart, e.g. MAX_RESTARTS=1 bash launch/lesson4.sh --crash-at-step 5")
-        if cfg.ckpt_module and not (cfg.save or cfg.load):
-            raise CourseError("--ckpt-module is used by --save / --load: give one of them")
-        module = ckpt.load_module(cfg.ckpt_module) if cfg.ckpt_module else None
-        save_fn = module.save if module else functools.partial(save_checkpoint, step=cfg.steps, env=env)
-        load_fn = module.load if module else load_checkpoint
+        demos = plumbing.parse_demos(cfg.demo)
+        periodic = plumbing.periodic_checkpoints(cfg)  # and the flags that need it, checked
+        save_fn, load_fn = plumbing.checkpoint_functions(cfg, save_checkpoint, load_checkpoint, env)
         env.print0(f"lesson 4 | {env.world_size} ranks | {env.backend} on {env.device.type} | "
                    f"attempt {restart} | {describe(cfg)}")
         data = load_data(cfg.data, seed=cfg.seed)
@@ -147,23 +135,12 @@ def main() -> None:
         # --- checkpoint: where does this run start? ------------------------------------------
         start = 0
         if cfg.load:
-            step, results["load_ms"] = timed(load_fn, cfg.load, model, optimizer)
+            step, results["load_ms"] = plumbing.timed(load_fn, cfg.load, model, optimizer)
             start = step if isinstance(step, int) else cfg.steps  # a learner's load may not say
-            results["loaded"] = ckpt.fingerprint(model, optimizer)
-            saved = Path(cfg.load) / ckpt.FINGERPRINT
-            if saved.is_file():
-                results["equal_to_saved"] = ckpt.compare_fingerprints(ckpt.read_json(saved), results["loaded"])
-                env.print0(f"loaded {cfg.load} on {env.world_size} ranks: equal to the saved model "
-                           f"and optimizer: {results['equal_to_saved']['equal']}")
-        elif periodic and (restart > 0 or cfg.resume):
-            results["partial_found"] = [{"dir": p.name, "files": [f["file"] for f in ckpt.list_files(p)]}
-                                        for p in ckpt.partial(root)]
-            newest = ckpt.latest(root)
-            if newest is not None:
-                start, results["load_ms"] = timed(load_checkpoint, newest, model, optimizer)
-                env.print0(f"resumed from {newest} (step {start}); ignored half-written: "
-                           f"{[p['dir'] for p in results['partial_found']] or 'none'}")
-            results["resumed_from"] = start
+            results["loaded"], results["equal_to_saved"] = plumbing.against_saved(cfg.load, model, optimizer, env)
+        elif periodic and (restart > 0 or cfg.resume):  # the newest published one; .tmp-* never
+            start, resumed = plumbing.resume_newest(root, load_checkpoint, model, optimizer, env)
+            results.update(resumed)
         elif periodic and env.is_rank0:  # a fresh run: old checkpoints would be resumed by mistake
             for old in ckpt.published(root) + ckpt.partial(root):
                 shutil.rmtree(old)
@@ -176,14 +153,13 @@ def main() -> None:
                 print(f"[rank {env.rank}] simulated crash at step {step}: SIGKILL", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             with CommCounter() as comm:
-                (loss, held), ms = timed(train_step, model, optimizer, data, env, cfg, step)
+                (loss, held), ms = plumbing.timed(train_step, model, optimizer, data, env, cfg, step)
             logger.log(step, loss, ms, held / MiB, comm.total_bytes / MiB, last=step == cfg.steps - 1)
             if periodic and (step + 1) % cfg.ckpt_every == 0:
                 crash = victim and cfg.crash_in == "save" and step + 1 >= cfg.crash_at_step
-                if crash:
-                    print(f"[rank {env.rank}] simulated crash while saving step {step + 1}", flush=True)
-                _, ms = timed(save_checkpoint, ckpt.step_dir(root, step + 1), model, optimizer, step + 1, env, crash)
-                results["saves"].append({"step": step + 1, "ms": ms, "files": ckpt.list_files(ckpt.step_dir(root, step + 1))})
+                path = ckpt.step_dir(root, step + 1)
+                _, ms = plumbing.timed(save_checkpoint, path, model, optimizer, step + 1, env, crash)
+                results["saves"].append({"step": step + 1, "ms": ms, "files": ckpt.list_files(path)})
                 if env.is_rank0:
                     ckpt.prune(root, cfg.keep)
 
@@ -194,24 +170,26 @@ def main() -> None:
             if env.is_rank0:
                 torch.save(model.state_dict(), root / "rank0_only.pt")
             dist.barrier()  # rank 0 never gets here: it waits for the others in its all-gather
-        if "torch-save" in demos:
-            results["torch_save"] = state_dicts.torch_save_pitfall(model, optimizer, env, root / "torch_save")
-        if "types" in demos:
-            results["types"] = state_dicts.compare_types(
-                model, optimizer, env, root / "types", lambda: build(cfg, env, data, cfg.seed + 1))
-        if cfg.save:
-            _, results["save_ms"] = timed(save_fn, cfg.save, model, optimizer)
-            results["saved"] = ckpt.fingerprint(model, optimizer)
-            dist.barrier()
-            if env.is_rank0:
-                write_json_atomic(Path(cfg.save) / ckpt.FINGERPRINT, results["saved"])
-            results["save_files"] = ckpt.list_files(cfg.save)
-            env.print0(f"saved {cfg.save} from {env.world_size} ranks in {results['save_ms']} ms: "
-                       f"{len(results['save_files'])} files, {sum(f['bytes'] for f in results['save_files']):,} bytes")
+        if cfg.bug == "offload-cpu":
+            # WRONG on CPU ranks: the tensors are in CPU memory already, and the offload path fails.
+            with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT,
+                                      FullStateDictConfig(offload_to_cpu=True, rank0_only=True)):
+                model.state_dict()
+        build_copy = functools.partial(build, cfg, env, data, cfg.seed + 1)  # another init and RNG
+        with torch.random.fork_rng(devices=[]):  # the demos build (and seed) models of their own
+            if "torch-save" in demos:
+                fsdp2 = state_dicts.build_as("FSDP2", model.module.cfg, cfg.lr, cfg.seed)
+                results["torch_save"] = pitfalls.torch_save_pitfall(model, optimizer, *fsdp2, env, root / "torch_save")
+            if "types" in demos:
+                results["types"] = state_dicts.compare_types(model, optimizer, env, root / "types", build_copy)
+            if "rng" in demos:
+                results["rng"] = pitfalls.rng_dedup(model, optimizer, env, root / "rng", save_fn, load_fn, build_copy)
+        if cfg.save:  # then --reload: into a fresh model, compared bitwise, RNG included
+            results.update(plumbing.save_and_reload(cfg, save_fn, load_fn, model, optimizer, build_copy, env))
 
         # --- report: the run against a restored copy and an uninterrupted one -----------------
-        if periodic and cfg.compare:
-            results["final"] = final = ckpt.fingerprint(model, optimizer)
+        if periodic:
+            results["final"] = final = ckpt.fingerprint(model, optimizer, rng=True)
             oldest = ckpt.published(root)[0]
             for name, seed, source in (("restored", cfg.seed + 1, oldest), ("uninterrupted", cfg.seed, None)):
                 # seed + 1: a different init, so the load has to overwrite every tensor
@@ -220,9 +198,9 @@ def main() -> None:
                 for step in range(first, cfg.steps):
                     train_step(copy, copy_optimizer, data, env, cfg, step)
                 results[f"equal_{name}"] = {"from_step": first, **ckpt.compare_fingerprints(
-                    final, ckpt.fingerprint(copy, copy_optimizer))}
+                    final, ckpt.fingerprint(copy, copy_optimizer, rng=True))}
                 env.print0(f"{name:>13} copy (from step {first}) ends bitwise equal: "
-                           f"{results[f'equal_{name}']['equal']}")
+                           f"{results[f'equal_{name}']['equal']} {results[f'equal_{name}']['different'] or ''}")
             results["checkpoint_files"] = ckpt.list_files(ckpt.latest(root))
         write_metrics(cfg.metrics, "lesson4", env, cfg, logger.history, results)
 
