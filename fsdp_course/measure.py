@@ -197,3 +197,22 @@ def activation_bytes(model: nn.Module):
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         yield result
+
+
+def flat_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
+    """Like ``state_bytes``, but for classic FSDP counts what is *stored*: each unit's sharded
+    flat parameter and its gradient, padding included, whatever ``use_orig_params`` says.
+
+    With ``use_orig_params=True`` ``model.parameters()`` yields the original parameters as views
+    into the flat shard without its padding (alignment and world-size padding), so
+    ``state_bytes`` would undercount the memory; the optimizer, which holds those views, keeps
+    state for real elements only, and that is what ``optimizer`` counts. Not classic FSDP:
+    ``state_bytes``.
+    """
+    flat_params = fsdp_flat_params(model)
+    if not flat_params:
+        return state_bytes(model, optimizer)
+    result = state_bytes(model, optimizer)
+    result["params"] = sum(nbytes(p) for p in flat_params)
+    result["grads"] = sum(nbytes(p.grad) for p in flat_params)
+    return result

@@ -131,3 +131,190 @@ def ring_sent_bytes(kind: str, payload: int, world_size: int) -> float:
     messages): all_gather and reduce_scatter (N-1)/N of the payload, all_reduce 2(N-1)/N."""
     factor = 2 if kind == "all_reduce" else 1
     return factor * payload * (world_size - 1) / world_size
+
+
+# --- where each element lives: the layout of one flat parameter ------------------------------
+
+def shard_ranges(numel: int, shards: int) -> list[dict]:
+    """Which elements of a flat parameter of ``numel`` elements each rank stores.
+
+    FSDP splits with ``torch.chunk`` and pads every chunk to the first one's size
+    (``FlatParamHandle._get_shard``), so every rank stores ``c = ceil(numel / shards)`` elements:
+
+        rank r holds elements [r*c, min((r+1)*c, numel))   and   c - (that many) padding zeros
+
+    All shards are equal; padding is needed only when ``shards`` does not divide ``numel``, and
+    then it sits at the end: on the last rank, or on the last few when ``c`` is large compared
+    with ``numel`` (10 elements on 4 ranks: 3, 3, 3, 1 real + 2 padding).
+    """
+    chunk = shard_numel(numel, shards)
+    ranges = []
+    for rank in range(shards):
+        start, stop = min(rank * chunk, numel), min((rank + 1) * chunk, numel)
+        ranges.append({"rank": rank, "start": start, "stop": stop, "padding": chunk - (stop - start)})
+    return ranges
+
+
+def shard_diagram(numel: int, shards: int) -> str:
+    """A text drawing of ``shard_ranges``: one line per rank, ``p<i>`` a real element, ``·`` padding."""
+    ranges = shard_ranges(numel, shards)
+    width = len(f"p{numel - 1}")
+    lines = [f"flat parameter of {numel} elements on {shards} ranks: padded to "
+             f"{padded(numel, shards)}, {shard_numel(numel, shards)} per rank"]
+    for r in ranges:
+        cells = [f"p{i}".ljust(width) for i in range(r["start"], r["stop"])] + ["·".ljust(width)] * r["padding"]
+        note = f"   {r['padding']} padding" if r["padding"] else ""
+        lines.append(f"rank {r['rank']}  [ {' '.join(cells)} ]{note}")
+    return "\n".join(lines)
+
+
+def fsdp_unit_param_numels(model: nn.Module, block_cls: type) -> list[list[int]]:
+    """For each unit transformer auto-wrap makes (the root first, then one per ``block_cls``),
+    the sizes of its parameters in the order FSDP flattens them: ``named_modules()`` order, each
+    module's own parameters (``recurse=False``), parameters of wrapped blocks left to their
+    unit, a shared parameter once. Call on the unwrapped model. The sums are ``fsdp_unit_numels``."""
+    blocks = [m for m in model.modules() if isinstance(m, block_cls)]
+    in_blocks = {id(p) for b in blocks for p in b.parameters()}
+
+    def own(root: nn.Module, skip: set) -> list[int]:
+        seen, numels = set(skip), []
+        for module in root.modules():
+            for p in module.parameters(recurse=False):
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    numels.append(p.numel())
+        return numels
+
+    return [own(model, in_blocks), *[own(b, set()) for b in blocks]]
+
+
+ALIGNMENT_BYTES = 16  # use_orig_params: FSDP starts every parameter on a 16-byte boundary
+
+
+def alignment_numel(compute_bytes: int) -> int:
+    """Elements per 16 bytes in the dtype forward/backward compute in (``_get_aligned_numel``
+    in ``torch/distributed/fsdp/_flat_param.py``): 4 for fp32, 8 for bf16 mixed precision."""
+    return ALIGNMENT_BYTES // compute_bytes
+
+
+def flat_param_layout(param_numels: list[int], align: int = 0) -> tuple[list[tuple[int, int]], int]:
+    """Where each parameter starts in a unit's flat parameter, and the flat length before the
+    padding to a multiple of the shard count.
+
+    ``use_orig_params=False`` (``align=0``): the parameters are laid end to end.
+    ``use_orig_params=True``: before each parameter whose offset is not a multiple of ``align``
+    elements, FSDP inserts padding up to the next multiple (``_init_flat_param_and_metadata``):
+
+        offset = 0
+        for each parameter n:  offset = align * ceil(offset / align);  place n;  offset += n
+
+    Returns ([(start, numel) per parameter], flat length).
+    """
+    offset, spans = 0, []
+    for numel in param_numels:
+        if align and offset % align:
+            offset += align - offset % align
+        spans.append((offset, numel))
+        offset += numel
+    return spans, offset
+
+
+def unit_storage_numel(param_numels: list[int], shards: int, world_size: int,
+                       use_orig_params: bool = False, align: int = 4) -> int:
+    """Elements one rank stores of one unit's flat parameter (its gradient has the same size).
+
+        use_orig_params=False:  ceil(n / S)                          n = sum of the parameters
+        use_orig_params=True:   L = flat length with alignment padding (flat_param_layout),
+                                padded to a multiple of the process group's size W
+                                (S when sharded, N for NO_SHARD), then L_W / S on each rank
+    """
+    if not use_orig_params:
+        return shard_numel(sum(param_numels), shards)
+    _, length = flat_param_layout(param_numels, align)
+    group = world_size if shards == 1 else shards
+    return padded(length, group) // shards
+
+
+def unit_flat_numels(unit_param_numels: list[list[int]], world_size: int, strategy: str,
+                     replicas: int = 1, use_orig_params: bool = False,
+                     compute_bytes: int = 4) -> list[int]:
+    """Each unit's flat-parameter length as FSDP builds it, for ``collective_bytes`` and
+    ``gathered_peak_bytes`` (which pad it to the shard count themselves):
+
+        use_orig_params=False:  the sum of the unit's parameters
+        use_orig_params=True:   S * unit_storage_numel (alignment padding and the padding to a
+                                multiple of the group included: what is gathered and reduced)
+    """
+    if not use_orig_params:
+        return [sum(u) for u in unit_param_numels]
+    shards = 1 if world_size == 1 else shard_group_size(strategy, world_size, replicas)
+    align = alignment_numel(compute_bytes)
+    return [shards * unit_storage_numel(u, shards, world_size, True, align)
+            for u in unit_param_numels]
+
+
+def unit_real_numel(param_numels: list[int], shards: int, rank: int, world_size: int,
+                    use_orig_params: bool = False, align: int = 4) -> int:
+    """Elements of real parameters (no padding of any kind) in ``rank``'s shard of one unit:
+    with ``use_orig_params=True`` the optimizer sees the original parameters' shards, so this is
+    what Adam keeps state for."""
+    spans, _ = flat_param_layout(param_numels, align if use_orig_params else 0)
+    if shards == 1:
+        return sum(param_numels)
+    size = unit_storage_numel(param_numels, shards, world_size, use_orig_params, align)
+    lo, hi = rank * size, (rank + 1) * size
+    return sum(max(0, min(hi, start + n) - max(lo, start)) for start, n in spans)
+
+
+def rank_state_bytes(unit_param_numels: list[list[int]], world_size: int, strategy: str,
+                     replicas: int = 1, rank: int = 0, use_orig_params: bool = False,
+                     compute_bytes: int = 4, param_bytes: int = 4,
+                     optim_slots: int = ADAM_STATE_SLOTS) -> dict:
+    """``rank``'s bytes of parameters, gradients and Adam state: ``model_state_bytes`` for
+    every ``use_orig_params`` setting (``rank`` counts within the shard group).
+
+        S = shard_group_size(strategy, N, replicas)
+        params = grads = param_bytes * sum over units of unit_storage_numel(unit)
+        optimizer: use_orig_params=False  optim_slots * params   (Adam's state is shaped like the
+                                                                   flat shard, padding included)
+                   use_orig_params=True   optim_slots * param_bytes * sum of unit_real_numel
+                                          (the optimizer holds the original parameters' shards:
+                                           no padding, and not the same on every rank)
+
+    Alignment counts elements of the compute dtype (``compute_bytes``: 2 with bf16 mixed
+    precision, see ``alignment_numel``); the stored shard itself stays fp32.
+    """
+    shards = 1 if world_size == 1 else shard_group_size(strategy, world_size, replicas)
+    align = alignment_numel(compute_bytes)
+    stored = sum(unit_storage_numel(u, shards, world_size, use_orig_params, align)
+                 for u in unit_param_numels)
+    if use_orig_params:
+        held = sum(unit_real_numel(u, shards, rank % shards, world_size, True, align)
+                   for u in unit_param_numels)
+    else:
+        held = stored
+    return {"params": stored * param_bytes, "grads": stored * param_bytes,
+            "optimizer": optim_slots * held * param_bytes}
+
+
+# --- reduce-scatter averages --------------------------------------------------------------------
+
+def gradient_divide_factors(data_parallel_size: int) -> tuple[float, float]:
+    """How classic FSDP turns the reduce-scatter's *sum* into an *average* over the ``D`` ranks
+    that each computed a gradient on their part of the global batch (all N ranks; with
+    HYBRID_SHARD, shard group size x replicas, which is N again). ``_init_utils._init_process_group_state`` sets:
+
+        pre  = start at f = 1 and double f while D % f == 0 and D / f > f
+               (``DefaultState._get_gradient_predivide_factor``): 2, 2, 2, 4 for D = 2, 3, 4, 8
+        post = D / pre
+
+    Each rank divides its gradient by ``pre`` before the reduce-scatter (or all-reduce) and the
+    reduced shard by ``post`` after it (``_runtime_utils._reduce_grad``; a factor of 1 is skipped):
+    sum(g_r / pre) / post = sum(g_r) / D, the mean. The division is split so that low-precision
+    gradients neither overflow in the sum (part of it comes before) nor underflow (not all of it
+    comes before).
+    """
+    factor = 1
+    while data_parallel_size % factor == 0 and data_parallel_size / factor > factor:
+        factor *= 2
+    return float(factor), data_parallel_size / factor
