@@ -17,6 +17,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import MixedPrecision, fully_shard
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from fsdp_course.dist import mean_over_ranks
 from fsdp_course.measure import local_tensor
@@ -24,9 +25,9 @@ from fsdp_course.norms import convert_allreduce_batchnorm
 from fsdp_course.report import table
 from nets import NormNet, blobs
 
-BN_VARIANTS = ("batchnorm", "syncbn", "allreduce-bn", "layernorm", "groupnorm")
-BUGS = ("batchnorm",)
-NORM_OF = {"batchnorm": "batchnorm", "syncbn": "batchnorm", "allreduce-bn": "batchnorm",
+BN_VARIANTS = ("batchnorm", "ddp", "syncbn", "allreduce-bn", "layernorm", "groupnorm")
+BUGS = ("batchnorm", "ddp")
+NORM_OF = {"batchnorm": "batchnorm", "ddp": "batchnorm", "syncbn": "batchnorm", "allreduce-bn": "batchnorm",
            "layernorm": "layernorm", "groupnorm": "groupnorm"}
 
 
@@ -96,6 +97,8 @@ def build(variant: str, cfg, env) -> nn.Module:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     if variant == "allreduce-bn":  # the same idea in a few lines: fsdp_course/norms.py
         model = convert_allreduce_batchnorm(model)
+    if variant == "ddp":  # for contrast: DDP broadcasts rank 0's buffers before every forward
+        return DDP(model)
     # --- shard: each layer its own FSDP2 unit, then the root (the head) -------------------------
     for layer in model.layers:
         fully_shard(layer)
@@ -105,6 +108,7 @@ def build(variant: str, cfg, env) -> nn.Module:
 
 def train(variant: str, cfg, env, batch: int, steps: int, ref: dict) -> dict:
     model = build(variant, cfg, env)
+    inner = model.module if isinstance(model, DDP) else model  # DDP prefixes names with module.
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     rows = slice(env.rank * batch, (env.rank + 1) * batch)  # this rank's rows of the global batch
     result = {"variant": variant, "bug": variant in BUGS, "batch_per_rank": batch, "losses": []}
@@ -118,12 +122,12 @@ def train(variant: str, cfg, env, batch: int, steps: int, ref: dict) -> dict:
         loss.backward()
         if step == 0:
             result["output_diff"] = max_over_ranks((logits.detach().cpu() - ref["logits"][rows]).abs().max().item())
-            result["grad_rel_error"] = rel_error({k: v.cpu() for k, v in full_grads(model).items()}, ref["grads"])
+            result["grad_rel_error"] = rel_error({k: v.cpu() for k, v in full_grads(inner).items()}, ref["grads"])
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         result["losses"].append(mean_over_ranks(loss))
     result["loss_diff"] = max(abs(a - b) for a, b in zip(result["losses"], ref["losses"]))
-    stats = running_stats(model)
+    stats = running_stats(inner)
     if stats:  # gather every rank's running statistics; compare them with each other and the ref
         everyone = [None] * env.world_size
         dist.all_gather_object(everyone, {k: v.cpu() for k, v in stats.items()})
