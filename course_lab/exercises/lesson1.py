@@ -1,59 +1,81 @@
-"""Lesson 1 exercise: predict per-rank model-state bytes; checked against measured runs."""
+"""Lesson 1 exercise: predict rank 0's model-state bytes for every measured run, to the byte."""
 
 from __future__ import annotations
-
-import math
 
 from quizzes.exercise import exercise
 
 KEYS = ("params", "grads", "optimizer")
+# The course's own answers: calling them passes without thinking, so the checker refuses them.
+LIBRARY_ANSWERS = {"rank_state_bytes", "model_state_bytes", "unit_storage_numel", "unit_real_numel",
+                   "unit_flat_numels", "flat_param_layout"}
 
 
 def cases_from_metrics(*metrics: dict) -> list[dict]:
-    """One case per measured run (HYBRID_SHARD left out: it needs the mesh shape too)."""
+    """One case per measured run: what the run was (units, ranks, strategy, settings) and the
+    bytes rank 0 measured."""
     cases = []
     for m in metrics:
         for run in m["results"]["runs"]:
-            if run["strategy"] == "HYBRID_SHARD":
-                continue
-            cases.append({"unit_numels": run["unit_numels"], "world_size": m["world_size"],
-                          "strategy": run["strategy"], "mixed_precision": run["mixed_precision"],
+            cases.append({"unit_param_numels": run["unit_param_numels"], "world_size": m["world_size"],
+                          "strategy": run["strategy"], "replicas": run.get("replicas", 1),
+                          "mixed_precision": run["mixed_precision"],
+                          "use_orig_params": run.get("use_orig_params", False),
                           "measured": {k: run["bytes"][k] for k in KEYS}})
     return cases
 
 
+def _names(code) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _names(const)
+    return names
+
+
+def _label(case: dict) -> str:
+    extras = [f"{case['replicas']} replicas" if case["strategy"] == "HYBRID_SHARD" else "",
+              "bf16 mixed precision" if case["mixed_precision"] else "",
+              "use_orig_params=True" if case["use_orig_params"] else ""]
+    extras = ", ".join(e for e in extras if e)
+    return f"{case['strategy']} on {case['world_size']} rank(s){f' ({extras})' if extras else ''}"
+
+
 def _hint(case: dict, got: dict) -> str:
-    n, numels = case["world_size"], case["unit_numels"]
-    unpadded = 4 * sum(numels) / n
-    if case["strategy"] == "NO_SHARD" or n == 1:
-        return "NO_SHARD (and any run on one rank) keeps every byte on every rank: nothing is divided."
-    if abs(got.get("params", 0) - unpadded) < 1 or math.isclose(got.get("params", 0), 4 * sum(numels) // n):
-        return ("close, but FSDP pads each unit's flat parameter to a multiple of the world size: "
-                "a rank holds ceil(n_unit / N) elements of every unit.")
+    """Where in the lesson to look, never the formula."""
+    measured = case["measured"]
+    if case["use_orig_params"] and got.get("params") == measured["params"]:
+        return "the parameters are right; section 7 showed which elements the optimizer keeps state for."
+    if case["use_orig_params"]:
+        return "section 7: where does FSDP insert padding with use_orig_params=True, and in which dtype's elements?"
+    if case["strategy"] == "HYBRID_SHARD":
+        return "section 5: over how many ranks is each unit of a HYBRID_SHARD run split?"
     if case["mixed_precision"]:
-        return ("mixed precision changes what is gathered and sent, not the sharded state: the "
-                "master parameters, their gradients and Adam's two slots stay fp32 (4 bytes).")
-    if got.get("optimizer") == got.get("params"):
-        return "Adam keeps two fp32 slots per parameter (exp_avg, exp_avg_sq): twice the parameters."
-    return "per rank, each of params and grads is 4 bytes x the elements the rank holds; optimizer twice that."
+        return "section 8: which of parameters, gradients and optimizer state does bf16 change?"
+    if got.get("params") == measured["params"]:
+        return "the parameters are right; how many fp32 values per element does Adam keep?"
+    return "section 1's drawing: how many elements does a rank store of a unit N does not divide?"
 
 
 @exercise("lesson1", "ex_predict_bytes")
 def check_predict_bytes(predict, cases: list[dict]) -> tuple[bool, str]:
-    """``predict(unit_numels, world_size, strategy, mixed_precision) -> {params, grads,
-    optimizer}`` in bytes must equal what each run measured on rank 0, byte for byte."""
+    """``predict(unit_param_numels, world_size, strategy, replicas, mixed_precision,
+    use_orig_params) -> {params, grads, optimizer}`` in bytes must equal what rank 0 measured in
+    every case, byte for byte."""
+    used = _names(predict.__code__) & LIBRARY_ANSWERS if hasattr(predict, "__code__") else set()
+    if used:
+        return False, (f"your function calls the course's own {', '.join(sorted(used))}: write the "
+                       "formula yourself (padded() and alignment_numel() are fine to use).")
     if not cases:
-        predict([1], 1, "FULL_SHARD", False)  # an untouched exercise still says "not attempted"
+        predict([[1]], 1, "FULL_SHARD")  # an untouched exercise still says "not attempted"
         return False, "no measured runs to check against: run the measurement cells first."
     for case in cases:
-        got = predict(list(case["unit_numels"]), case["world_size"], case["strategy"],
-                      case["mixed_precision"])
+        got = predict([list(u) for u in case["unit_param_numels"]], case["world_size"],
+                      case["strategy"], case["replicas"], case["mixed_precision"],
+                      case["use_orig_params"])
         if not isinstance(got, dict) or any(k not in got for k in KEYS):
             return False, f"return a dict with keys {KEYS}; got {got!r}"
         wrong = {k: (got[k], case["measured"][k]) for k in KEYS if got[k] != case["measured"][k]}
         if wrong:
-            label = (f"{case['strategy']} on {case['world_size']} rank(s)"
-                     f"{' with bf16 mixed precision' if case['mixed_precision'] else ''}")
             detail = ", ".join(f"{k}: predicted {g:,} vs measured {m:,}" for k, (g, m) in wrong.items())
-            return False, f"{label}: {detail}. Hint: {_hint(case, got)}"
+            return False, f"{_label(case)}: {detail}. Hint: {_hint(case, got)}"
     return True, f"all {len(cases)} measured runs predicted to the byte."

@@ -3,17 +3,22 @@
 Trains the course's small GPT with every transformer block wrapped as its own FSDP unit, and
 measures what each strategy costs per rank: bytes of parameters, gradients, optimizer state,
 all-gathered parameters and activations, and the bytes of each collective per step, printed
-next to the theory (``fsdp_course.theory``).
+next to the theory (``fsdp_course.theory``). At step 0 it also measures the gradient norm both
+ways (``torch.nn.utils.clip_grad_norm_`` and ``FSDP.clip_grad_norm_``) against one process.
 
     bash launch/lesson1.sh                                  # FULL_SHARD on 2 ranks
     bash launch/lesson1.sh --strategy SHARD_GRAD_OP --metrics runs/sgo.json
     bash launch/lesson1.sh --strategy FULL_SHARD,SHARD_GRAD_OP,NO_SHARD   # one after another
     NPROC=4 bash launch/lesson1.sh --strategy HYBRID_SHARD --replicas 2   # a 2 x 2 mesh
+    bash launch/lesson1.sh --use-orig-params --d-model 130 --n-heads 2    # alignment padding
+    bash launch/lesson1.sh --sync-module-states      # on CPU ranks torch refuses: read why
     torchrun --standalone --nproc-per-node=2 lessons/01_fsdp_strategies/train.py   # the same
 """
 
 import functools
+import statistics
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -26,11 +31,13 @@ from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 from fsdp_course import theory
 from fsdp_course.config import TrainConfig, describe, parse_config
 from fsdp_course.data import load_data
-from fsdp_course.dist import CourseError, distributed, mean_over_ranks
+from fsdp_course.dist import distributed, mean_over_ranks
 from fsdp_course.measure import (MiB, CommCounter, GatheredParamTracker, activation_bytes,
-                                 state_bytes)
+                                 flat_state_bytes)
 from fsdp_course.model import GPT, Block, lm_loss
-from fsdp_course.report import MetricLogger, table, write_metrics
+from fsdp_course.report import MetricLogger, write_metrics
+from strategy_report import (decay_groups, describe_parameters, parse_strategies, print_report,
+                             shard_layout)
 
 
 @dataclass
@@ -40,21 +47,27 @@ class Config(TrainConfig):
     replicas: int = field(default=2, metadata={"help": "HYBRID_SHARD: replica groups (mesh rows)"})
     mixed_precision: bool = field(default=False, metadata={
         "help": "compute and communicate in bf16; the sharded master weights stay fp32"})
+    use_orig_params: bool = field(default=False, metadata={
+        "help": "expose the original parameters (names, per-parameter groups) instead of flat ones"})
+    sync_module_states: bool = field(default=False, metadata={
+        "help": "broadcast rank 0's weights while wrapping (needs the module on a GPU)"})
 
 
 def train(cfg: Config, strategy: str, env, data) -> dict:
     """Wrap a fresh model with ``strategy``, train it, return what was measured."""
     mesh = None
     if strategy == "HYBRID_SHARD":
-        # Without an explicit mesh FSDP sizes a "node" by the local device count, which is 1 on
-        # CPU, and silently never syncs gradients across replicas (CPU_NOTES, trap 3).
+        # Without a mesh FSDP sizes a "node" by the devices it counts per node, and a CPU-only
+        # machine counts 1: every shard group would be a single rank. Say the shape instead.
         mesh = init_device_mesh(env.device.type, (cfg.replicas, env.world_size // cfg.replicas),
                                 mesh_dim_names=("replicate", "shard"))
 
     # --- model: the same initial weights on every rank (same seed on every rank) ----------
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model_config(data.vocab_size))
-    unit_numels = theory.fsdp_unit_numels(model, Block)  # root first, then one per block
+    unit_param_numels = theory.sharding.fsdp_unit_param_numels(model, Block)  # root first
+    reference = GPT(model.cfg)  # a single-process copy: the gradient norm FSDP should find
+    reference.load_state_dict(model.state_dict())
 
     # --- shard: every Block becomes its own FSDP unit; the rest goes to the root unit -------
     model = FSDP(
@@ -63,15 +76,19 @@ def train(cfg: Config, strategy: str, env, data) -> dict:
         sharding_strategy=ShardingStrategy[strategy],
         mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
         if cfg.mixed_precision else None,
-        device_id=env.device,  # required on CPU too, else FSDP looks for a GPU
+        device_id=env.device,  # where FSDP moves the module and computes: this rank's GPU, or
+                               # the CPU (left out, FSDP looks for an accelerator)
+        sync_module_states=cfg.sync_module_states,  # broadcast rank 0's weights (GPU only)
+        use_orig_params=cfg.use_orig_params,  # original names and groups; torch.compile needs it
         device_mesh=mesh,
     )
 
-    # --- optimizer: built after wrapping, so it holds the sharded flat parameters -----------
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    # --- optimizer: built after wrapping, so it holds the sharded parameters ----------------
+    optimizer = torch.optim.AdamW(decay_groups(model), lr=cfg.lr)
 
     # --- loop ---------------------------------------------------------------------------------
-    env.print0(f"\n== {strategy}{' + bf16 mixed precision' if cfg.mixed_precision else ''} ==")
+    env.print0(f"\n== {strategy}{' + bf16 mixed precision' if cfg.mixed_precision else ''}"
+               f"{' + use_orig_params' if cfg.use_orig_params else ''} ==")
     logger = MetricLogger(env, cfg.log_every)
     for step in range(cfg.steps):
         x, y = data.batch(step, env.rank, env.world_size, cfg.batch_size, cfg.seq_len, env.device)
@@ -80,9 +97,11 @@ def train(cfg: Config, strategy: str, env, data) -> dict:
             with activation_bytes(model) as activations:
                 loss = lm_loss(model(x), y)
             loss.backward()
-            measured = state_bytes(model, optimizer)  # before zero_grad: gradients still held
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        measured = flat_state_bytes(model, optimizer)  # before zero_grad: gradients held
+        if step == 0:  # outside the counters: not part of a training step
+            norms = grad_norms(model, reference, data, cfg, env)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         ms = (time.perf_counter() - start) * 1e3
         peak = sum(measured.values()) + gathered.peak + activations["bytes"]
         logger.log(step, mean_over_ranks(loss), ms, peak / MiB, comm.total_bytes / MiB,
@@ -90,46 +109,62 @@ def train(cfg: Config, strategy: str, env, data) -> dict:
 
     # --- report: measured next to theory --------------------------------------------------
     wire_bytes = 2 if cfg.mixed_precision else 4
+    unit_numels = [sum(u) for u in unit_param_numels]
+    flat_numels = theory.sharding.unit_flat_numels(unit_param_numels, env.world_size, strategy,
+                                                   cfg.replicas, cfg.use_orig_params, wire_bytes)
     measured.update(gathered=gathered.peak, activations=activations["bytes"])
-    expected = theory.model_state_bytes(unit_numels, env.world_size, strategy, cfg.replicas)
-    expected["gathered"] = theory.gathered_peak_bytes(unit_numels, env.world_size, strategy,
+    expected = theory.sharding.rank_state_bytes(unit_param_numels, env.world_size, strategy,
+                                                cfg.replicas, env.rank, cfg.use_orig_params,
+                                                compute_bytes=wire_bytes)
+    expected["gathered"] = theory.gathered_peak_bytes(flat_numels, env.world_size, strategy,
                                                       cfg.replicas, param_bytes=wire_bytes)
-    comm_expected = theory.collective_bytes(unit_numels, env.world_size, strategy, cfg.replicas,
+    comm_expected = theory.collective_bytes(flat_numels, env.world_size, strategy, cfg.replicas,
                                             param_bytes=wire_bytes, reduce_bytes=wire_bytes)
     per_rank = [None] * env.world_size
-    dist.all_gather_object(per_rank, measured)  # each rank's own bytes differ by padding only
-    param_bytes = 4 * sum(unit_numels)
-    env.print0("\nper-rank bytes, rank 0 (theory: fsdp_course.theory):")
-    env.print0(table([{"category": k, "measured": v, "theory": expected.get(k, "-"),
-                       "MiB": round(v / MiB, 3)} for k, v in measured.items()]))
-    env.print0("\ncollectives in the last step (payload bytes):")
-    env.print0(table([{"collective": k, "calls": v["calls"], "bytes": v["bytes"],
-                       "theory": comm_expected.get(k, 0),
-                       "x param bytes": round(v["bytes"] / param_bytes, 3)}
-                      for k, v in comm.summary().items()] or [{"collective": "(none)"}]))
+    dist.all_gather_object(per_rank, measured)  # ranks differ by where the padding falls
+    factors = {"pre": model._gradient_predivide_factor, "post": model._gradient_postdivide_factor}
+    print_report(env, measured, expected, comm.summary(), comm_expected, 4 * sum(unit_numels),
+                 norms, factors)
     return {
         "strategy": strategy, "mixed_precision": cfg.mixed_precision,
+        "use_orig_params": cfg.use_orig_params, "replicas": cfg.replicas,
         "num_params": sum(unit_numels), "unit_numels": unit_numels,
+        "unit_param_numels": unit_param_numels, "shard_layout": shard_layout(model, env.world_size),
         "bytes": measured, "bytes_theory": expected, "bytes_per_rank": per_rank,
         "collectives": comm.summary(), "collectives_theory": comm_expected,
-        "ms_per_step": sorted(row["ms"] for row in logger.history)[len(logger.history) // 2],
+        "divide_factors": factors, "grad_norms": norms,
+        "parameters": describe_parameters(model, optimizer),
+        "ms_per_step": statistics.median(row["ms"] for row in logger.history),
         "loss_first": logger.history[0]["loss"], "loss_last": logger.history[-1]["loss"],
         "history": logger.history,
     }
+
+
+def grad_norms(model, reference, data, cfg, env) -> dict:
+    """The step-0 gradient norm three ways, measured, nothing clipped (``max_norm=inf`` returns
+    the norm and scales every gradient by 1): ``torch.nn.utils.clip_grad_norm_`` sees only this
+    rank's flat shards; ``FSDP.clip_grad_norm_`` all-reduces the squared shard norms into the
+    global one; one process computing the whole global batch's gradient says which is right."""
+    inf = float("inf")
+    local = torch.nn.utils.clip_grad_norm_(model.parameters(), inf).item()
+    fsdp = model.clip_grad_norm_(inf).item()  # a collective: every rank calls it
+    x, y = data.batch(0, 0, 1, cfg.batch_size * env.world_size, cfg.seq_len)
+    lm_loss(reference(x), y).backward()
+    single = torch.nn.utils.get_total_norm([p.grad for p in reference.parameters()]).item()
+    per_rank = [None] * env.world_size
+    dist.all_gather_object(per_rank, local)
+    return {"torch_nn_utils_per_rank": per_rank, "fsdp": fsdp, "single_process": single}
 
 
 def main() -> None:
     cfg = parse_config(Config, __doc__)
     with distributed(seed=cfg.seed) as env:
         # --- setup ---------------------------------------------------------------------------
-        strategies = [s.strip().upper() for s in cfg.strategy.split(",") if s.strip()]
-        for strategy in strategies:
-            if strategy not in theory.STRATEGIES:
-                raise CourseError(f"--strategy {strategy}: choose from {', '.join(theory.STRATEGIES)}")
-            if strategy == "HYBRID_SHARD" and (env.world_size % cfg.replicas or env.world_size == cfg.replicas):
-                raise CourseError(f"HYBRID_SHARD: {env.world_size} ranks do not split into "
-                                  f"--replicas {cfg.replicas} groups of 2 or more (try NPROC=4)")
+        strategies = parse_strategies(cfg.strategy, env.world_size, cfg.replicas)
         env.print0(f"lesson 1 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
+        if "NO_SHARD" in strategies:  # torch warns at every NO_SHARD unit; say it once
+            warnings.filterwarnings("ignore", message="The `NO_SHARD` sharding strategy is deprecated")
+            env.print0("note: torch 2.13 deprecates NO_SHARD (FutureWarning: use DistributedDataParallel)")
         data = load_data(cfg.data, seed=cfg.seed)
 
         runs = [train(cfg, strategy, env, data) for strategy in strategies]

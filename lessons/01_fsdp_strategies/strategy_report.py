@@ -1,0 +1,74 @@
+"""Lesson 1's plumbing (what the lesson is not about): the --strategy list, the optimizer's
+parameter groups, where each rank's shards lie, and the tables rank 0 prints."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from fsdp_course import theory
+from fsdp_course.dist import CourseError
+from fsdp_course.measure import MiB, fsdp_flat_params
+from fsdp_course.report import table
+
+WEIGHT_DECAY = 0.01  # AdamW's default, kept for the weight matrices
+
+
+def parse_strategies(text: str, world_size: int, replicas: int) -> list[str]:
+    """``--strategy FULL_SHARD,NO_SHARD`` -> ["FULL_SHARD", "NO_SHARD"]; bad input is one line."""
+    strategies = [s.strip().upper() for s in text.split(",") if s.strip()]
+    for strategy in strategies:
+        if strategy not in theory.STRATEGIES:
+            raise CourseError(f"--strategy {strategy}: choose from {', '.join(theory.STRATEGIES)}")
+        if strategy == "HYBRID_SHARD" and (world_size % replicas or world_size == replicas):
+            raise CourseError(f"HYBRID_SHARD: {world_size} ranks do not split into "
+                              f"--replicas {replicas} groups of 2 or more (try NPROC=4)")
+    return strategies
+
+
+def decay_groups(model) -> list[dict]:
+    """AdamW parameter groups, the usual GPT recipe: weight decay on weight matrices, none on
+    biases and LayerNorms, chosen *by name*. With ``use_orig_params=True`` the names are the
+    model's own (``...blocks.0...attn.qkv.bias``); with flat parameters every name ends in
+    ``_flat_param``, one tensor mixes weights, biases and norms, and all land in one group."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        (no_decay if name.endswith("bias") or ".ln" in name else decay).append(param)
+    groups = [{"params": decay, "weight_decay": WEIGHT_DECAY},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def describe_parameters(model, optimizer) -> dict:
+    """What the optimizer sees: parameter names (a few) and count, and its groups."""
+    names = [name for name, _ in model.named_parameters()]
+    return {"count": len(names), "first_names": names[:3],
+            "groups": [{"params": len(g["params"]), "weight_decay": g["weight_decay"]}
+                       for g in optimizer.param_groups]}
+
+
+def shard_layout(model, world_size: int) -> list[list[dict]]:
+    """For every rank, for every unit (root first): elements stored and how many of them are
+    padding FSDP appended to even out the shards (``_shard_numel_padded``)."""
+    mine = [{"stored": fp.numel(), "padding": fp._shard_numel_padded} for fp in fsdp_flat_params(model)]
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, mine)
+    return everyone
+
+
+def print_report(env, measured: dict, expected: dict, comm: dict, comm_expected: dict,
+                 param_bytes: int, norms: dict, factors: dict) -> None:
+    """Rank 0's tables: bytes per category and per collective, measured next to the theory."""
+    env.print0(f"\nper-rank bytes, rank 0 (theory: fsdp_course.theory):")
+    env.print0(table([{"category": k, "measured": v, "theory": expected.get(k, "-"),
+                       "MiB": round(v / MiB, 3)} for k, v in measured.items()]))
+    env.print0("\ncollectives in the last step (payload bytes):")
+    env.print0(table([{"collective": k, "calls": v["calls"], "bytes": v["bytes"],
+                       "theory": comm_expected.get(k, 0),
+                       "x param bytes": round(v["bytes"] / param_bytes, 3)}
+                      for k, v in comm.items()] or [{"collective": "(none)"}]))
+    env.print0(f"\ngradients averaged: divided by {factors['pre']:g} before the reduction and by "
+               f"{factors['post']:g} after it")
+    env.print0("gradient norm at step 0: "
+               f"torch.nn.utils.clip_grad_norm_ per rank {[round(n, 4) for n in norms['torch_nn_utils_per_rank']]}"
+               f" | FSDP.clip_grad_norm_ {norms['fsdp']:.4f} | one process, global batch "
+               f"{norms['single_process']:.4f}")
