@@ -1,5 +1,8 @@
-"""Lesson 0 under torchrun on CPU ranks: what torchrun sets, DDP's full replica, its all-reduce."""
+"""Lesson 0 under torchrun on CPU ranks: what torchrun sets, the collective timeouts, DDP's full
+replica and its all-reduce. The launches are the notebook's own (same flags, same NPROC), so
+within one test run the notebook's test and these share them."""
 
+import os
 import sys
 
 import pytest
@@ -8,45 +11,70 @@ from helpers import run_cmd
 from lesson_runs import launch, ok
 from fsdp_course import theory
 
+NOTEBOOK_TWO_RANKS = (("--steps", "12"), 2)
+NOTEBOOK_ONE_RANK = (("--steps", "3", "--log-every", "10"), 1)
+
+
+def notebook_launch(flags_and_nproc):
+    flags, nproc = flags_and_nproc
+    proc, metrics = launch(0, *flags, nproc=nproc)
+    ok(proc)
+    return metrics
+
 
 @pytest.fixture(scope="module")
-def ddp2(tmp_path_factory):
-    proc, metrics = launch(0, "--steps", "8", nproc=2, tmp=tmp_path_factory.mktemp("l0"))
-    ok(proc)
-    return proc, metrics
+def ddp2():
+    return notebook_launch(NOTEBOOK_TWO_RANKS)
+
+
+@pytest.fixture(scope="module")
+def ddp1():
+    return notebook_launch(NOTEBOOK_ONE_RANK)
 
 
 def test_torchrun_env_seen_by_every_rank(ddp2):
-    _, m = ddp2
-    envs = m["results"]["torchrun_env"]
+    envs = ddp2["results"]["torchrun_env"]
     assert [int(e["RANK"]) for e in envs] == [0, 1]
     assert {e["WORLD_SIZE"] for e in envs} == {"2"}
     assert len({e["MASTER_PORT"] for e in envs}) == 1  # one rendezvous for all
     assert len({e["pid"] for e in envs}) == 2  # really two processes
-    assert m["world_size"] == 2 and m["backend"] == "gloo"
+    assert ddp2["world_size"] == 2 and ddp2["backend"] == "gloo"
 
 
-def test_ddp_holds_a_full_replica_and_all_reduces_every_gradient(ddp2):
-    _, m = ddp2
-    r = m["results"]
-    P = r["num_params"]
-    assert {k: r["bytes"][k] for k in ("params", "grads", "optimizer")} == theory.ddp_state_bytes(P)
-    assert r["collectives"]["all_reduce"]["bytes"] == 4 * P
+def test_collective_timeouts_are_read_from_torch(ddp2):
+    # The notebook states these: this job's own, gloo's default 30 min, NCCL's 10 min (torch 2.13).
+    t = ddp2["results"]["timeouts"]
+    assert t["this_job_s"] == float(os.environ.get("COURSE_TIMEOUT_S", "120"))
+    assert t["gloo_default_s"] == 30 * 60
+    assert t["nccl_default_s"] == 10 * 60
+    assert "default_pg_timeout" in t["gloo_source"]
+    assert "NCCL" in t["nccl_source"]
+
+
+def test_ddp_holds_a_full_replica_whatever_the_world_size(ddp1, ddp2):
+    for m in (ddp1, ddp2):
+        r = m["results"]
+        assert {k: r["bytes"][k] for k in ("params", "grads", "optimizer")} == \
+            theory.ddp_state_bytes(r["num_params"])
+    assert ddp1["results"]["bytes"] == ddp2["results"]["bytes"]  # activations too: same batch per rank
+
+
+def test_ddp_all_reduces_every_gradient_once(ddp2):
+    r = ddp2["results"]
+    assert r["collectives"]["all_reduce"]["bytes"] == 4 * r["num_params"]
 
 
 def test_ddp_gradients_equal_single_process_and_loss_falls(ddp2):
-    _, m = ddp2
-    assert m["results"]["grad_max_diff_vs_reference"] < 1e-6
-    assert m["results"]["loss_last"] < m["results"]["loss_first"] - 0.3
+    assert ddp2["results"]["grad_max_diff_vs_reference"] < 1e-6
+    assert ddp2["results"]["loss_last"] < ddp2["results"]["loss_first"] - 0.3
 
 
 def test_metrics_file_has_the_documented_keys(ddp2):
-    _, m = ddp2
     for key in ("lesson", "world_size", "backend", "device", "torch_version", "config", "history", "results"):
-        assert key in m
-    assert m["lesson"] == "lesson0" and m["config"]["steps"] == 8
-    assert [h["step"] for h in m["history"]] == list(range(8))
-    assert all({"step", "loss"} <= set(h) for h in m["history"])
+        assert key in ddp2
+    assert ddp2["lesson"] == "lesson0" and ddp2["config"]["steps"] == 12
+    assert [h["step"] for h in ddp2["history"]] == list(range(12))
+    assert all({"step", "loss"} <= set(h) for h in ddp2["history"])
 
 
 def test_plain_python_says_how_to_launch_and_exits_2():
@@ -56,17 +84,27 @@ def test_plain_python_says_how_to_launch_and_exits_2():
     assert len(lines) == 1 and "torchrun" in lines[0] and "launch/lesson0.sh" in lines[0]
 
 
+def test_bare_init_process_group_without_torchrun_names_the_missing_variable():
+    # The notebook runs the same call to show what PyTorch itself says.
+    proc = run_cmd([sys.executable, "-c", "import torch.distributed as dist; dist.init_process_group('gloo')"],
+                   env={"RANK": None, "WORLD_SIZE": None, "MASTER_ADDR": None, "MASTER_PORT": None})
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "ValueError: Error initializing torch.distributed using env:// rendezvous: "
+        "environment variable RANK expected, but not set")
+
+
 def test_trains_on_any_text_file(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("FSDP shards parameters, gradients and optimizer state. " * 200)
-    proc, m = launch(0, "--data", corpus, "--steps", "6", nproc=2, tmp=tmp_path)
+    proc, m = launch(0, "--data", corpus, "--steps", "6", nproc=2)
     ok(proc)
     assert m["config"]["data"] == str(corpus)
     assert m["results"]["loss_last"] < m["results"]["loss_first"]
 
 
 def test_missing_data_file_is_one_line(tmp_path):
-    proc, _ = launch(0, "--data", tmp_path / "nope.txt", "--steps", "1", nproc=2, tmp=tmp_path)
+    proc, _ = launch(0, "--data", tmp_path / "nope.txt", "--steps", "1", nproc=2)
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "nope.txt" in errors[0] and "Traceback" not in proc.stderr

@@ -13,6 +13,7 @@ gradients and optimizer state, and all-reduces every gradient byte each step.
 
 import os
 import socket
+import statistics
 import time
 
 import torch
@@ -26,6 +27,7 @@ from fsdp_course.dist import distributed, mean_over_ranks
 from fsdp_course.measure import MiB, CommCounter, activation_bytes, state_bytes
 from fsdp_course.model import GPT, lm_loss, num_params
 from fsdp_course.report import MetricLogger, table, write_metrics
+from timeouts import collective_timeouts
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                  "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT")
@@ -42,6 +44,12 @@ def main() -> None:
         env.print0(f"lesson 0 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
         env.print0("\nwhat torchrun set in each process:")
         env.print0(table(everyone))
+        # Every rank must join every collective; one that never comes leaves the others waiting
+        # until the group's timeout. This course sets COURSE_TIMEOUT_S; PyTorch's defaults differ.
+        timeouts = collective_timeouts(env.device)
+        env.print0(f"\ncollective timeout: this job {timeouts['this_job_s']:g} s (COURSE_TIMEOUT_S); "
+                   f"PyTorch's default: gloo {timeouts['gloo_default_s']:g} s, "
+                   f"NCCL {timeouts['nccl_default_s'] or float('nan'):g} s")
 
         # --- model: the same seed on every rank gives the same initial weights -------------
         data = load_data(cfg.data, seed=cfg.seed)
@@ -92,11 +100,11 @@ def main() -> None:
                            "theory": comm_expected.get(k, 0)} for k, v in comm.summary().items()]
                          or [{"collective": "(none: one rank has nobody to talk to)"}]))
         results = {
-            "torchrun_env": everyone, "num_params": count,
+            "torchrun_env": everyone, "num_params": count, "timeouts": timeouts,
             "bytes": measured, "bytes_theory": expected,
             "collectives": comm.summary(), "collectives_theory": comm_expected,
             "grad_max_diff_vs_reference": grad_diff,
-            "ms_per_step": sorted(row["ms"] for row in logger.history)[len(logger.history) // 2],
+            "ms_per_step": statistics.median(row["ms"] for row in logger.history),
             "loss_first": logger.history[0]["loss"], "loss_last": logger.history[-1]["loss"],
         }
         if env.device.type == "cuda":
@@ -106,7 +114,7 @@ def main() -> None:
 
 def check_against_reference(model, reference, data, cfg, env) -> float:
     """Largest difference between DDP's averaged gradients and the gradients one process gets
-    on the whole global batch (every rank's rows together). DDP is exact up to float rounding (below 1e-7 here)."""
+    on the whole global batch (every rank's rows together): DDP is exact up to float rounding."""
     x, y = data.batch(0, 0, 1, cfg.batch_size * env.world_size, cfg.seq_len)
     lm_loss(reference(x), y).backward()
     return max((p.grad.cpu() - r.grad).abs().max().item()
