@@ -1,8 +1,8 @@
 """Lesson 8 exercise: a broken job to diagnose and fix.
 
-The notebook gives the learner an ``evaluate(model, batch, env)`` that breaks the training job
-it is plugged into (it hangs or fails: the learner finds out which, and why, with the lesson's
-tools). The checker runs the learner's version for real:
+``lessons/08_troubleshooting/broken_evaluate.py`` is an ``evaluate(model, batch, env)`` that breaks
+the training job it is plugged into (it hangs or fails: the learner finds out which, and why,
+with the lesson's tools) and the learner writes a fixed one. The checker runs it for real:
 ``bash launch/lesson8.sh --steps 4 --eval-module FILE`` on 2 ranks, with a short collective
 timeout so that a job that still hangs fails within seconds. It passes when the job finishes
 and the held-out loss ``evaluate`` returned on rank 0 equals the loss one process computes on
@@ -20,7 +20,6 @@ from pathlib import Path
 
 from quizzes.exercise import exercise
 
-UNTOUCHED = "# TODO: diagnose this job, then fix it"
 HEADER = '"""Written by course_lab.exercises.lesson8 from the notebook\'s exercise cell."""\n'
 
 
@@ -31,6 +30,19 @@ def source_of(fn) -> str:
     if fn.__name__ != "evaluate":
         source += f"\n\nevaluate = {fn.__name__}\n"
     return source
+
+
+def untouched(fn) -> bool:
+    """The starter raises NotImplementedError before looking at its arguments."""
+    if "NotImplementedError" not in source_of(fn):
+        return False
+    try:
+        fn(None, None, None)
+    except NotImplementedError:
+        return True
+    except Exception:  # noqa: BLE001 - a real attempt fails on None arguments: run it for real
+        return False
+    return False
 
 
 def module_file(fn) -> Path:
@@ -57,7 +69,7 @@ def check_fix_the_job(evaluate, nproc: int = 2, steps: int = 4, timeout_s: int =
     global held-out loss (within ``tolerance``) on rank 0."""
     if not callable(evaluate):
         return False, "evaluate must be a function evaluate(model, batch, env)"
-    if UNTOUCHED in source_of(evaluate):
+    if untouched(evaluate):
         raise NotImplementedError
     if launch is None:
         from course_lab.notebook import launch_lesson as launch

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -24,7 +23,7 @@ import ecosystem  # noqa: E402
 
 from fsdp_course.config import TrainConfig, parse_config  # noqa: E402
 from fsdp_course.data import load_data  # noqa: E402
-from fsdp_course.dist import distributed, mean_over_ranks  # noqa: E402
+from fsdp_course.dist import CourseError, distributed, mean_over_ranks  # noqa: E402
 from fsdp_course.measure import state_bytes  # noqa: E402
 from fsdp_course.model import GPT, lm_loss  # noqa: E402
 from fsdp_course.report import table, write_metrics  # noqa: E402
@@ -43,18 +42,15 @@ def main() -> None:
     from accelerate import Accelerator
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
-    accelerator = Accelerator()
-    chose = {"distributed_type": str(accelerator.state.distributed_type),
-             "num_processes": accelerator.state.num_processes,
-             "processes_started": int(os.environ.get("WORLD_SIZE", "1")),
-             "process_group": dist.get_world_size() if dist.is_initialized() else None}
-    if accelerator.state.distributed_type == DistributedType.FSDP:  # GPUs: accelerate shards
-        raise SystemExit("accelerate runs FSDP here: use accelerator.prepare(model, optimizer) "
-                         "(this lesson's CPU path maps the same config by hand)")
-    if dist.is_initialized():  # accelerate joined a group it then does not use: leave it
-        dist.barrier()  # together, so that no rank rejoins while another is still in it
-        dist.destroy_process_group()
     with distributed(seed=cfg.seed) as env:
+        # --- setup: what does accelerate make of this launch? ---------------------------------
+        accelerator = Accelerator()  # after our process group exists: accelerate reuses it
+        chose = {"distributed_type": str(accelerator.state.distributed_type),
+                 "num_processes": accelerator.state.num_processes,
+                 "processes_started": env.world_size}
+        if accelerator.state.distributed_type == DistributedType.FSDP:  # GPUs: accelerate shards
+            raise CourseError("accelerate runs FSDP here: use accelerator.prepare(model, optimizer) "
+                              "(this script's CPU path maps the same config by hand)")
         if chose["num_processes"] != env.world_size:
             env.print0(f"PROBLEM DETECTED: accelerate set up {chose['distributed_type']} with "
                        f"num_processes={chose['num_processes']} in each of {env.world_size} processes: "

@@ -24,6 +24,7 @@ from course_lab.notebook import REPO, lesson_env
 LESSON_DIR = Path(__file__).resolve().parent
 SCRIPT = LESSON_DIR / "train.py"
 STEP_LINE = re.compile(r"^\s+(\d+) \|")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class Job:
@@ -133,7 +134,7 @@ def dump_stack(pid: int) -> str:
     """``py-spy dump --pid PID``: the Python stack of every thread of a live process."""
     result = subprocess.run([py_spy(), "dump", "--pid", str(pid)], capture_output=True, text=True,
                             timeout=20)
-    return result.stdout + result.stderr
+    return ANSI.sub("", result.stdout + result.stderr)  # py-spy colours its output
 
 
 def waiting_line(stack: str, prefer: str = "train.py") -> dict:
@@ -196,6 +197,16 @@ def run_and_diagnose(*args, pattern: str, env: dict | None = None, nproc: int = 
     if plain_torchrun:
         result["root_cause"] = root_cause(result["output"])
     return result
+
+
+def own_collectives(output: str) -> dict[str, dict]:
+    """From ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` messages: the collective each rank says IT is
+    running (``Rank N is running collective: CollectiveFingerPrint(SequenceNumber=S, OpType=OP``).
+    The other side of each message ("but Rank M is running ...") is the checker's own exchange
+    of fingerprints, not the peer's training collective."""
+    found = re.findall(r"\[rank (\d+)\] error: .*?Rank \1 is running collective: "
+                       r"CollectiveFingerPrint\(SequenceNumber=(\d+), OpType=(\w+)", output)
+    return {rank: {"sequence": int(seq), "op": op} for rank, seq, op in found}
 
 
 def root_cause(output: str) -> dict:

@@ -40,7 +40,7 @@ from fsdp_course import theory  # noqa: E402
 from fsdp_course.theory import hsdp  # noqa: E402
 from fsdp_course.config import TrainConfig, describe, parse_config  # noqa: E402
 from fsdp_course.data import load_data  # noqa: E402
-from fsdp_course.dist import CourseError, distributed, mean_over_ranks  # noqa: E402
+from fsdp_course.dist import distributed, mean_over_ranks  # noqa: E402
 from fsdp_course.measure import MiB, state_bytes  # noqa: E402
 from fsdp_course.model import GPT, lm_loss  # noqa: E402
 from fsdp_course.report import MetricLogger, write_metrics  # noqa: E402
@@ -99,10 +99,9 @@ def train(cfg, env, data, model, optimizer, start, counter=None, logger=None, sa
     of the last evaluation (with ``evaluate``)."""
     dp_size, dp_rank = env.world_size // cfg.tp, env.rank // cfg.tp  # TP partners: same batch
     my_steps = faults.steps_for_rank(cfg.fault, cfg.fault_step, cfg.steps, env.rank, env.world_size)
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     loss_value, eval_value = float("nan"), None
     for step in range(start, my_steps):  # uneven-data: the last rank's data ends early (BUG)
-        if step == cfg.kill_node_at_step and restart == 0 and int(os.environ.get("GROUP_RANK", 0)) == int(os.environ.get("GROUP_WORLD_SIZE", 1)) - 1:
+        if faults.node_dies_now(step, cfg.kill_node_at_step):
             os.kill(os.getpid(), signal.SIGKILL)  # a node dies: every worker of the last agent
         faults.corrupt_sample_check(cfg.fault, cfg.fault_step, step, env.rank, env.world_size)
         rows = cfg.batch_size * faults.batch_scale(cfg.fault, cfg.fault_step, step)
