@@ -13,6 +13,7 @@ import pytest
 
 from lesson_runs import launch, ok
 from course_lab.exercises.lesson1 import cases_from_metrics, check_predict_bytes
+from course_lab.notebook import mib
 from fsdp_course import theory
 from fsdp_course.theory import sharding
 
@@ -185,9 +186,19 @@ def test_clip_grad_norm_torch_sees_the_shard_fsdp_the_whole(n2, n4):
         assert math.sqrt(sum(v * v for v in shards)) == pytest.approx(norms["fsdp"], rel=1e-5)
     no_shard = n2["NO_SHARD"]["grad_norms"]
     assert no_shard["torch_nn_utils_per_rank"] == pytest.approx([no_shard["fsdp"]] * 2, rel=1e-6)
-    # Cited in the lesson 1 quiz (q_clip_grad_norm): "measured in lesson 1: 3.64 on rank 0, 5.45 global".
-    full = n2["FULL_SHARD"]["grad_norms"]
-    assert (round(full["torch_nn_utils_per_rank"][0], 2), round(full["fsdp"], 2)) == (3.64, 5.45)
+
+
+def test_figures_the_quiz_cites_as_measured_in_lesson_1_still_hold(n2):
+    # /work/notes/bank_changes_lesson1.md: q_clip_grad_norm and q_tiny_model_memory cite these.
+    fs, no_shard = n2["FULL_SHARD"], n2["NO_SHARD"]
+    norms = fs["grad_norms"]
+    assert [round(v, 2) for v in norms["torch_nn_utils_per_rank"]] == [3.64, 4.06]
+    assert round(norms["fsdp"], 2) == 5.45
+    total = sum(fs["bytes"][k] for k in ("params", "grads", "optimizer", "gathered", "activations"))
+    assert f"{fs['bytes']['activations'] / total:.0%}" == "68%"
+    assert mib(sum(state(no_shard).values()) - sum(state(fs).values())) == 6.168
+    assert mib(fs["bytes"]["gathered"]) == 1.571
+    assert sum(state(fs).values()) - 16 * fs["num_params"] // 2 == 8  # padding, bytes per rank
 
 
 def test_sync_module_states_is_refused_on_cpu_in_one_line():
@@ -219,6 +230,7 @@ def test_use_orig_params_names_groups_and_alignment_padding(orig, n2):
         assert measured["params"] > plain["params"]
         assert measured["optimizer"] < 2 * measured["params"]
     assert len({r["optimizer"] for r in run["bytes_per_rank"]}) == 2
+    assert run["bytes"]["params"] - plain["params"] == 112  # cited by q_use_orig_params (bank notes)
     flat_numels = sharding.unit_flat_numels(run["unit_param_numels"], 2, "FULL_SHARD", use_orig_params=True)
     assert {k: v["bytes"] for k, v in run["collectives"].items()} == theory.collective_bytes(flat_numels, 2, "FULL_SHARD")
     assert run["bytes"]["gathered"] == theory.gathered_peak_bytes(flat_numels, 2, "FULL_SHARD")
