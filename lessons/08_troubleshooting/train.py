@@ -13,6 +13,9 @@
     MAX_RESTARTS=1 NNODES=2 NODE_RANK=0|1 MASTER_ADDR=127.0.0.1 bash launch/lesson8.sh \\
         --replicas 2 --ckpt-every 2 --kill-node-at-step 5
     NPROC=4 bash launch/lesson8.sh --tp 2                         # 2-D mesh: FSDP x tensor parallel
+    COURSE_TIMEOUT_S=10 bash launch/lesson8.sh --steps 4 --eval-module lessons/08_troubleshooting/broken_evaluate.py
+
+While a job hangs, `py-spy dump --pid PID` on each rank's process shows where it waits.
 """
 
 import copy
