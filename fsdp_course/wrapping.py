@@ -11,20 +11,14 @@ FSDP walks the module tree depth first (``torch.distributed.fsdp.wrap._recursive
     the root module is always a unit: it takes every parameter no other unit took
 
 ``policy_units`` replays that walk without any process group, so a notebook or a test can see
-what a policy *would* wrap. The second half is the theory of the all-gather peak per policy.
-
-The module also holds the lesson 2 exercise model, ``StagedLM``: a language model "you did not
-write", whose repeating layer class is not the course's ``Block`` and whose vocabulary is large
-enough that the embedding and the output head each outweigh a layer.
+what a policy *would* wrap; ``forward_order`` finds the order the units run in. What those
+units cost is theory: ``fsdp_course.theory.wrapping``.
 """
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn as nn
-
-from fsdp_course.model import MLP, CausalSelfAttention, ModelConfig
 
 # --- which modules a policy wraps ------------------------------------------------------------
 
@@ -78,83 +72,24 @@ def forward_order(model: nn.Module, units: list[tuple[str, nn.Module, int]]) -> 
     return [units[0][2], *(numel[name] for name in order)]
 
 
-# --- the theory of the all-gather peak -------------------------------------------------------
+# --- which units FSDP made -------------------------------------------------------------------
 
 
-# --- the exercise model ---------------------------------------------------------------------
+def unit_name(fsdp_path: str) -> str:
+    """A unit's name in the unwrapped model: 'blocks.0._fsdp_wrapped_module' -> 'blocks.0';
+    the root is '(root)'."""
+    parts = [part for part in fsdp_path.split(".") if part != "_fsdp_wrapped_module"]
+    return ".".join(parts) or "(root)"
 
 
-class DecoderLayer(nn.Module):
-    """One layer of ``StagedLM``: pre-norm attention and MLP (the same maths as ``Block``)."""
+def fsdp_units(model: nn.Module, world_size: int, param_bytes: int = 4) -> list[dict]:
+    """The units classic FSDP made, read off the wrapped model (root first): name, wrapped
+    class, parameters, and the bytes its flat parameter occupies when all-gathered (every
+    rank's shard, padding included)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(cfg.d_model)
-        self.attn = CausalSelfAttention(cfg)
-        self.norm2 = nn.LayerNorm(cfg.d_model)
-        self.mlp = MLP(cfg)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
-
-
-class Stage(nn.Module):
-    """A group of layers (models organised in stages, e.g. for pipelining, look like this)."""
-
-    def __init__(self, cfg: ModelConfig, num_layers: int):
-        super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(num_layers))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
-
-
-class Body(nn.Module):
-    def __init__(self, cfg: ModelConfig, num_stages: int):
-        super().__init__()
-        self.stages = nn.ModuleList(Stage(cfg, cfg.n_layers // num_stages)
-                                    for _ in range(num_stages))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for stage in self.stages:
-            x = stage(x)
-        return x
-
-
-class StagedLM(nn.Module):
-    """The exercise model: ``embed`` (a large vocabulary), ``body.stages[s].layers[l]``
-    (``DecoderLayer``), ``norm``, ``head``. Defaults: 2048 tokens, d_model 128, 2 stages of 2
-    layers: the embedding and the head each hold more parameters than one layer."""
-
-    def __init__(self, cfg: ModelConfig, num_stages: int = 2):
-        super().__init__()
-        self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos = nn.Parameter(torch.zeros(cfg.seq_len, cfg.d_model))
-        self.body = Body(cfg, num_stages)
-        self.norm = nn.LayerNorm(cfg.d_model)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size)
-        with torch.no_grad():
-            for module in self.modules():
-                if isinstance(module, (nn.Linear, nn.Embedding)):
-                    nn.init.normal_(module.weight, std=0.02)
-                    if getattr(module, "bias", None) is not None:
-                        nn.init.zeros_(module.bias)
-            nn.init.normal_(self.pos, std=0.02)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.embed(idx) + self.pos[: idx.shape[1]]
-        return self.head(self.norm(self.body(x)))
-
-
-STAGED_VOCAB = 2048
-
-
-def staged_lm(seq_len: int = 64, d_model: int = 128, n_layers: int = 4, n_heads: int = 4,
-              vocab_size: int = STAGED_VOCAB) -> StagedLM:
-    """The exercise model with the lesson's default sizes (its vocabulary does not depend on
-    the data: the data's token ids are all below it)."""
-    return StagedLM(ModelConfig(vocab_size, seq_len, d_model, n_layers, n_heads))
+    return [{"unit": unit_name(path), "wraps": type(module.module).__name__,
+             "numel": module._handle.flat_param._unpadded_unsharded_size.numel(),
+             "gathered_bytes": module._handle.flat_param.numel() * world_size * param_bytes}
+            for path, module in model.named_modules()
+            if isinstance(module, FSDP) and module._handle is not None]

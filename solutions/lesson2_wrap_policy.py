@@ -1,5 +1,5 @@
 import torch.nn as nn
-from fsdp_course.wrapping import DecoderLayer
+from staged_lm import DecoderLayer
 
 LARGE = 200_000  # parameters: more than one DecoderLayer holds (198,272)
 

@@ -1,6 +1,12 @@
 """Lesson 2 under torchrun on CPU ranks: per wrap policy, the FSDP units are the ones the policy
 replay predicts, the all-gather peak (forward and backward) and the collectives equal the theory
-to the byte, no policy gathers the whole model, and the exercise's checker and policy file work."""
+to the byte, no policy gathers the whole model and moves the fewest bytes; per prefetch setting,
+the peaks equal the theory and the recorded timeline shows each setting's order; the exercise's
+checker and policy file work.
+
+The launches are the notebook's, with its exact flags: within a test run each runs once and is
+shared (course_lab.notebook.launch_lesson). Only the 3-rank run and one bad flag are the tests' own.
+"""
 
 import functools
 import runpy
@@ -12,43 +18,51 @@ from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
 from lesson_runs import launch, ok
 from fsdp_course import theory, wrapping
-from course_lab.exercises.lesson2 import check_wrap_policy, policy_source
 from fsdp_course.model import Block
+from fsdp_course.timeline import held_peak
+from course_lab.exercises.lesson2 import (check_wrap_policy, policy_file, policy_source,
+                                          staged_lm_module)
 
 REPO = Path(__file__).resolve().parents[1]
 SOLUTION = REPO / "solutions" / "lesson2_wrap_policy.py"
-WRAPS = "none,transformer,size,size:20000,custom"
+STAGED = staged_lm_module()  # also puts lesson 2's folder on sys.path (staged_lm, lesson2_plumbing)
+# The notebook's launches, flag for flag:
+POLICIES = ("--wrap", "none,transformer,size,size:20000,custom", "--steps", "2", "--log-every", "10")
+PREFETCH = ("--wrap", "transformer", "--prefetch", "pre,post,none,forward,no-limit", "--steps", "2",
+            "--log-every", "10", "--timeline")
+STAGED_RUN = ("--model", "staged", "--wrap", "none,transformer", "--steps", "2", "--log-every", "10")
+
+
+def runs_by(metrics, key):
+    return {r[key]: r for r in metrics["results"]["runs"]}
 
 
 @pytest.fixture(scope="module")
-def tmp(tmp_path_factory):
-    return tmp_path_factory.mktemp("l2")
-
-
-def by_wrap(metrics):
-    return {r["wrap"]: r for r in metrics["results"]["runs"]}
-
-
-@pytest.fixture(scope="module")
-def n2(tmp):
-    proc, m = launch(2, "--wrap", WRAPS, "--steps", "6", nproc=2, tmp=tmp)
+def n2():
+    proc, m = launch(2, *POLICIES, nproc=2)
     ok(proc)
-    return by_wrap(m)
+    return runs_by(m, "wrap")
 
 
 @pytest.fixture(scope="module")
-def n3(tmp):
-    proc, m = launch(2, "--wrap", "none,transformer", "--steps", "2", nproc=3, tmp=tmp)
+def prefetch():
+    proc, m = launch(2, *PREFETCH, nproc=2)
     ok(proc)
-    return by_wrap(m)
+    return runs_by(m, "prefetch")
 
 
 @pytest.fixture(scope="module")
-def staged(tmp):
-    proc, m = launch(2, "--model", "staged", "--wrap", "none,transformer,custom",
-                     "--policy-file", SOLUTION, "--steps", "2", nproc=2, tmp=tmp)
+def n3():
+    proc, m = launch(2, "--wrap", "none,transformer", "--steps", "2", nproc=3)
     ok(proc)
-    return by_wrap(m)
+    return runs_by(m, "wrap")
+
+
+@pytest.fixture(scope="module")
+def staged():
+    proc, m = launch(2, *STAGED_RUN, nproc=2)
+    ok(proc)
+    return runs_by(m, "wrap")
 
 
 def assert_matches_theory(run, world_size):
@@ -56,11 +70,9 @@ def assert_matches_theory(run, world_size):
     planned = [(u["unit"], u["numel"]) for u in run["units_theory"] if u["numel"]]
     assert sorted((u["unit"], u["numel"]) for u in run["units"]) == sorted(planned)
     assert sum(u["numel"] for u in run["units"]) == run["num_params"]
-    peaks = theory.wrapping.gathered_peaks(run["unit_numels_theory"], world_size)
-    assert run["gathered_theory_by_phase"] == peaks
-    assert run["gathered_forward"] == peaks["forward"]
-    assert run["gathered_backward"] == peaks["backward"]
-    assert run["gathered_peak"] == peaks["step"]
+    assert run["gathered_forward"] == run["gathered_theory_by_phase"]["forward"]
+    assert run["gathered_backward"] == run["gathered_theory_by_phase"]["backward"]
+    assert run["gathered_peak"] == run["gathered_theory"]
     assert all(r["gathered"] == run["gathered_peak"] for r in run["per_rank"])
     assert len(run["per_rank"]) == world_size
     calls = {k: v["calls"] for k, v in run["collectives"].items()}
@@ -69,9 +81,11 @@ def assert_matches_theory(run, world_size):
     assert sizes == theory.collective_bytes(run["unit_numels_theory"], world_size, "FULL_SHARD")
 
 
-@pytest.mark.parametrize("wrap", WRAPS.split(","))
+@pytest.mark.parametrize("wrap", POLICIES[1].split(","))
 def test_units_peaks_and_collectives_equal_theory(n2, wrap):
     assert_matches_theory(n2[wrap], 2)
+    assert n2[wrap]["gathered_theory_by_phase"] == theory.wrapping.gathered_peaks(
+        n2[wrap]["unit_numels_theory"], 2)
     assert n2[wrap]["loss_last"] < n2[wrap]["loss_first"] - 0.3
 
 
@@ -85,12 +99,27 @@ def test_unit_counts(n2):
 def test_no_policy_gathers_the_whole_model(n2):
     none, per_block = n2["none"], n2["transformer"]
     whole = theory.wrapping.padded_bytes(none["num_params"], 2)
-    assert none["gathered_peak"] == none["gathered_forward"] == whole
+    # the root stays gathered from forward through backward: the whole model, both phases
+    assert none["gathered_peak"] == none["gathered_forward"] == none["gathered_backward"] == whole
     assert none["gathered_peak"] > 1.9 * per_block["gathered_peak"]
     # per block: the root + two blocks (the one computing, the one prefetched) in backward
     root, block = (u["gathered_bytes"] for u in per_block["units"][:2])
     assert per_block["gathered_backward"] == root + 2 * block
     assert per_block["gathered_forward"] == root + block
+
+
+def test_memory_against_traffic(n2):
+    """Issue 10 item 5: the all-gather bytes per step run from 1.00 P (no policy: the root is
+    gathered once and kept) towards 2.00 P (a root that holds almost nothing), and the peak falls
+    the other way; the reduce-scatter is 1 P whatever the policy."""
+    param_bytes = 4 * n2["none"]["num_params"]
+    gathered = {w: r["collectives"]["all_gather"]["bytes"] / param_bytes for w, r in n2.items()}
+    assert round(gathered["none"], 2) == 1.00 and round(gathered["custom"], 2) == 2.00
+    assert all(1 <= x < 2 for x in gathered.values())
+    assert gathered["none"] < gathered["size"] < gathered["transformer"] < gathered["custom"]
+    assert n2["none"]["gathered_peak"] > n2["size"]["gathered_peak"] > n2["transformer"]["gathered_peak"]
+    for r in n2.values():
+        assert round(r["collectives"]["reduce_scatter"]["bytes"] / param_bytes, 3) == 1.0
 
 
 def test_size_threshold_leaves_attention_in_the_root(n2):
@@ -114,32 +143,122 @@ def test_three_ranks_pad_and_match_theory(n3, wrap):
     assert n3["none"]["gathered_peak"] > n3["transformer"]["gathered_peak"]
 
 
-def test_exercise_model_and_solution_policy_file(staged):
-    for wrap in ("none", "transformer", "custom"):
+# --- prefetch settings and the timeline --------------------------------------------------------
+
+def test_prefetch_peaks_equal_theory_and_bytes_do_not_move(prefetch):
+    blocks = {}
+    for name, run in prefetch.items():
+        assert_matches_theory(run, 2)
+        root, block = (u["gathered_bytes"] for u in run["units"][:2])
+        blocks[name] = ((run["gathered_forward"] - root) // block, (run["gathered_backward"] - root) // block)
+    assert blocks == {"pre": (1, 2), "post": (1, 1), "none": (1, 1), "forward": (2, 3), "no-limit": (1, 2)}
+    assert len({r["collectives"]["all_gather"]["bytes"] for r in prefetch.values()}) == 1
+
+
+def test_timeline_records_every_unit_and_its_peak(prefetch):
+    for name, run in prefetch.items():
+        assert len(run["timeline"]) == 2, name  # one per rank
+        for rank, events in enumerate(run["timeline"]):
+            assert held_peak(events) == run["per_rank"][rank]["gathered"], (name, rank)
+            for unit in (u["unit"] for u in run["units"]):
+                mine = [e["what"] for e in events if e["unit"] == unit]
+                gathers = 1 if unit == "(root)" else 2  # the root stays gathered for the step
+                assert mine.count("held") == mine.count("all_gather") == gathers, (name, unit, mine)
+                assert mine.count("reduce_scatter") == 1 and "forward" in mine and "backward" in mine
+            assert all(e["unit"] != "?" and e["end"] >= e["start"] for e in events)
+            assert [e["what"] for e in events if e["unit"] == "(step)"] == ["forward", "backward", "optimizer"]
+
+
+def backward_of(events, unit):
+    """The unit's backward events: its second held interval, its second all-gather, its RS."""
+    held = [e for e in events if e["unit"] == unit and e["what"] == "held"][-1]
+    gather = [e for e in events if e["unit"] == unit and e["what"] == "all_gather"][-1]
+    rs = next(e for e in events if e["unit"] == unit and e["what"] == "reduce_scatter")
+    return held, gather, rs
+
+
+def test_timeline_shows_when_each_setting_gathers(prefetch):
+    for rank in range(2):
+        for i in range(3):  # block i is the one backward needs after block i+1
+            this = {n: backward_of(prefetch[n]["timeline"][rank], f"blocks.{i}") for n in prefetch}
+            after = {n: backward_of(prefetch[n]["timeline"][rank], f"blocks.{i + 1}") for n in prefetch}
+            # pre: gathered while block i+1 is still held (computing); post: right after block
+            # i+1 is freed, before its reduce-scatter; none: after that reduce-scatter
+            assert this["pre"][0]["start"] < after["pre"][0]["end"]
+            assert after["post"][0]["end"] <= this["post"][1]["start"] < after["post"][2]["start"]
+            assert this["none"][1]["start"] > after["none"][2]["start"]
+    order = {n: sequence(r["timeline"][0]) for n, r in prefetch.items()}
+    assert order["no-limit"] == order["pre"]  # on CPU ranks the rate limiter never waits
+    assert order["post"] != order["pre"] != order["none"] != order["post"]
+
+
+def sequence(events):
+    """Gathers, frees and reduce-scatters in the order they happened, without the times."""
+    points = [(e["start"], e["unit"], "gathered" if e["what"] == "held" else e["what"]) for e in events
+              if e["what"] in ("held", "all_gather", "reduce_scatter")]
+    points += [(e["end"], e["unit"], "freed") for e in events if e["what"] == "held"]
+    return [(unit, what) for _, unit, what in sorted(points)]
+
+
+def test_prefetch_theory():
+    units = [10, 4, 4, 4, 4]  # root and four equal blocks, numels, 2 ranks, 4 bytes each
+    g = functools.partial(theory.wrapping.gathered_peaks, units, 2)
+    assert g() == {"forward": 56, "backward": 72, "step": 72}
+    assert g(backward_prefetch="BACKWARD_POST") == g(backward_prefetch=None) == {
+        "forward": 56, "backward": 56, "step": 56}
+    assert g(forward_prefetch=True) == {"forward": 72, "backward": 88, "step": 88}
+    with pytest.raises(ValueError):
+        g(backward_prefetch="EARLY")
+
+
+# --- the exercise model and its checker ----------------------------------------------------------
+
+def test_transformer_policy_on_the_exercise_model_wraps_nothing(staged):
+    for wrap in ("none", "transformer"):
         assert_matches_theory(staged[wrap], 2)
     # the Block policy finds no Block in StagedLM: silently one unit, the same peak as no policy
     assert staged["transformer"]["num_units"] == 1
     assert staged["transformer"]["gathered_peak"] == staged["none"]["gathered_peak"]
-    custom = staged["custom"]
+
+
+def solution_policy():
+    return runpy.run_path(str(SOLUTION))["policy"]
+
+
+def test_solution_passes_the_launch_the_notebook_runs(staged):
+    """The checker's launch of the solution: the same file (named by its content) and flags as
+    the notebook's check cell, so the run is shared."""
+    passed, message = check_wrap_policy(solution_policy(), none_peak=staged["none"]["gathered_peak"])
+    assert passed, message
+    path = policy_file(policy_source(solution_policy()))
+    proc, m = launch(2, "--model", "staged", "--wrap", "custom", "--policy-file", path, "--steps", "2", nproc=2)
+    custom = m["results"]["runs"][0]
+    assert_matches_theory(custom, 2)
     assert [u["wraps"] for u in custom["units"]] == (
         ["StagedLM", "Embedding"] + ["DecoderLayer"] * 4 + ["Linear"])
     assert custom["gathered_peak"] < 0.4 * staged["none"]["gathered_peak"]
 
 
-@pytest.mark.parametrize("args,message", [
-    (("--wrap", "blocks"), "--wrap 'blocks': choose from none, transformer, size, custom"),
-    (("--wrap", "size", "--policy-file", "x.py"), "--policy-file is used by --wrap custom"),
-])
-def test_bad_flags_are_one_line(tmp, args, message):
-    proc, metrics = launch(2, *args, "--steps", "1", nproc=2, tmp=tmp)
-    assert proc.returncode != 0 and metrics is None
-    assert message in proc.stderr and "Traceback" not in proc.stderr
+def test_bad_flag_is_one_line():
+    proc, metrics = launch(2, "--wrap", "blocks", "--steps", "1", nproc=2)
+    assert proc.returncode == 2 and metrics is None
+    assert "argument --wrap: 'blocks': choose from none, transformer, size, custom" in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
 
 
-# --- the exercise's checker, without launching -----------------------------------------------
+def test_flags_parse_once_into_typed_values():
+    from lesson2_plumbing import Prefetches, Wraps, load_policy
+    from fsdp_course.dist import CourseError
 
-def solution_policy():
-    return runpy.run_path(str(SOLUTION))["policy"]
+    assert Wraps(" None, size:20000 ") == ("none", "size:20000") and str(Wraps("none,size")) == "none,size"
+    for bad in ("size:abc", "transformer:3", "", "pre"):
+        with pytest.raises(Exception, match="choose from"):
+            Wraps(bad)
+    assert Prefetches("pre,no-limit") == ("pre", "no-limit")
+    with pytest.raises(CourseError, match="add custom to --wrap"):
+        load_policy("x.py", Wraps("size"))
+    with pytest.raises(CourseError, match="no such file"):
+        load_policy("/nonexistent/policy.py", Wraps("custom"))
 
 
 def test_checker_structure():
@@ -151,17 +270,17 @@ def test_checker_structure():
     assert not passed and "wraps nothing" in message
 
     def layers_only(module, recurse, nonwrapped_numel):
-        return recurse or isinstance(module, wrapping.DecoderLayer)
+        return recurse or isinstance(module, STAGED.DecoderLayer)
     passed, message = check_wrap_policy(layers_only, launch=False)
     assert not passed and "embed" in message and "head" in message
 
     def too_fine(module, recurse, nonwrapped_numel):
-        return recurse or isinstance(module, (wrapping.DecoderLayer, nn.Linear, nn.Embedding))
+        return recurse or isinstance(module, (STAGED.DecoderLayer, nn.Linear, nn.Embedding))
     passed, message = check_wrap_policy(too_fine, launch=False)
     assert not passed and "units inside units" in message
 
     def no_recurse(module, recurse, nonwrapped_numel):
-        return isinstance(module, wrapping.DecoderLayer)
+        return isinstance(module, STAGED.DecoderLayer)
     passed, message = check_wrap_policy(no_recurse, launch=False)
     assert not passed and "recurse=True" in message
 
@@ -175,9 +294,10 @@ def test_policy_source_round_trip():
     policy = solution_policy()
     rebuilt = {}
     exec(compile(policy_source(policy), "policy.py", "exec"), rebuilt)
-    model = wrapping.staged_lm()
+    model = STAGED.staged_lm()
     names = [name for name, _, _ in wrapping.policy_units(model, policy)]
     assert names == [name for name, _, _ in wrapping.policy_units(model, rebuilt["policy"])]
+    assert policy_file(policy_source(policy)) == policy_file(policy_source(solution_policy()))
     with pytest.raises(ValueError):
         policy_source(lambda module, recurse, nonwrapped_numel: recurse)
 

@@ -1,5 +1,6 @@
-"""Lesson 2 exercise: a wrap policy for ``StagedLM`` (fsdp_course.wrapping), a model whose
-repeating layer is not the course's ``Block`` and whose embedding and head outweigh a layer.
+"""Lesson 2 exercise: a wrap policy for ``StagedLM`` (``lessons/02_wrap_policies/staged_lm.py``),
+a model whose repeating layer is not the course's ``Block`` and whose embedding and head outweigh
+a layer.
 
 Checked in two ways: what the policy wraps (``wrapping.policy_units`` replays FSDP's walk over
 the module tree, no process group needed), then a real launch of the lesson script with the
@@ -10,7 +11,11 @@ and be far below the whole model's.
 from __future__ import annotations
 
 import dis
+import hashlib
+import importlib
 import inspect
+import os
+import sys
 import tempfile
 import textwrap
 from pathlib import Path
@@ -20,6 +25,28 @@ from fsdp_course import theory, wrapping
 from quizzes.exercise import exercise
 
 CONSTANT_TYPES = (int, float, str, bool, type(None))
+LESSON_DIR = Path(__file__).resolve().parents[2] / "lessons" / "02_wrap_policies"
+
+
+def staged_lm_module():
+    """The exercise model's module, ``staged_lm`` from lesson 2's folder: the same module
+    object the notebook (run in that folder) and the lesson script import by that name."""
+    if str(LESSON_DIR) not in sys.path:
+        sys.path.append(str(LESSON_DIR))
+    return importlib.import_module("staged_lm")
+
+
+def policy_file(source: str) -> Path:
+    """A file holding ``source``, named by its content: the same policy gives the same file,
+    so the same launch (which the test suite runs once and shares)."""
+    folder = Path(tempfile.gettempdir()) / "fsdp-course-lesson2-policies"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"policy_{hashlib.sha256(source.encode()).hexdigest()[:16]}.py"
+    if not path.is_file():
+        part = path.with_suffix(f".{os.getpid()}.part")
+        part.write_text(source)
+        os.replace(part, path)
+    return path
 
 
 def _global_names(code) -> set[str]:
@@ -66,11 +93,12 @@ def check_wrap_policy(policy, launch: bool = True, nproc: int = 2, steps: int = 
     than one layer; with ``launch``, a real run of ``train.py --model staged --wrap custom``
     must measure an all-gather peak equal to the theory. ``none_peak``: the measured peak
     without a policy, for the comparison (computed from the theory when not given)."""
-    model = wrapping.staged_lm()
+    staged = staged_lm_module()
+    model = staged.staged_lm()
     units = wrapping.policy_units(model, policy)  # NotImplementedError: not attempted yet
     names = {name for name, _, numel in units}
     layers = {name: sum(p.numel() for p in m.parameters()) for name, m in model.named_modules()
-              if isinstance(m, wrapping.DecoderLayer)}
+              if isinstance(m, staged.DecoderLayer)}
     missing = [name for name in layers if name not in names]
     if len(units) == 1:
         return False, ("your policy wraps nothing: the whole model is one unit. FSDP only looks "
@@ -99,16 +127,14 @@ def check_wrap_policy(policy, launch: bool = True, nproc: int = 2, steps: int = 
 
     from course_lab.notebook import run_lesson
 
-    with tempfile.TemporaryDirectory(prefix="lesson2-policy-") as tmp:
-        path = Path(tmp) / "policy.py"
-        path.write_text(policy_source(policy))
-        print(f"launching: NPROC={nproc} bash launch/lesson2.sh --model staged --wrap custom "
-              f"--policy-file {path.name} --steps {steps}", flush=True)
-        try:
-            metrics = run_lesson(2, "--model", "staged", "--wrap", "custom", "--policy-file",
-                                 str(path), "--steps", str(steps), nproc=nproc, echo=False)
-        except RuntimeError as exc:
-            return False, f"the launch with your policy failed: {exc}"
+    path = policy_file(policy_source(policy))
+    print(f"launching: NPROC={nproc} bash launch/lesson2.sh --model staged --wrap custom "
+          f"--policy-file {path.name} --steps {steps}", flush=True)
+    try:
+        metrics = run_lesson(2, "--model", "staged", "--wrap", "custom", "--policy-file", path,
+                             "--steps", steps, nproc=nproc, echo=False)
+    except RuntimeError as exc:
+        return False, f"the launch with your policy failed: {exc}"
     run = metrics["results"]["runs"][0]
     world_size = metrics["world_size"]
     made = [u["unit"] for u in run["units"]]

@@ -1,0 +1,93 @@
+"""What lesson 2's script needs and is not about: its list flags (parsed once, by the config),
+loading a policy file, and the tables it prints.
+
+A list flag is a type argparse calls on the text: ``--wrap none,size:20000`` arrives in the
+config as ``Wraps(("none", "size:20000"))``, already checked; a bad value is argparse's one-line
+error (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+from pathlib import Path
+
+from fsdp_course.dist import CourseError
+from fsdp_course.measure import MiB
+from fsdp_course.report import table
+
+WRAPS = ("none", "transformer", "size", "custom")  # size:N = size with threshold N
+PREFETCHES = ("pre", "post", "none", "forward", "no-limit")
+
+
+class _Names(tuple):
+    """Comma-separated names, each checked by ``check`` (subclasses), kept in order."""
+
+    def __new__(cls, text=()):
+        if not isinstance(text, str):  # names already checked (dataclasses.asdict copies them)
+            return super().__new__(cls, text)
+        names = tuple(item.strip().lower() for item in text.split(",") if item.strip())
+        bad = [name for name in names if not cls.check(name)] or ([] if names else [text])
+        if bad:
+            raise argparse.ArgumentTypeError(f"{bad[0]!r}: {cls.expected}")
+        return super().__new__(cls, names)
+
+    def __str__(self) -> str:
+        return ",".join(self)
+
+
+class Wraps(_Names):
+    expected = f"choose from {', '.join(WRAPS)} or size:N, several separated by commas"
+
+    @staticmethod
+    def check(name: str) -> bool:
+        kind, colon, threshold = name.partition(":")
+        return kind in WRAPS and (not colon or (kind == "size" and threshold.isdigit()))
+
+
+class Prefetches(_Names):
+    expected = f"choose from {', '.join(PREFETCHES)}, several separated by commas"
+
+    @staticmethod
+    def check(name: str) -> bool:
+        return name in PREFETCHES
+
+
+def load_policy(path: str | None, wraps: Wraps):
+    """The ``policy`` function a ``--policy-file`` defines (None without one)."""
+    if not path:
+        return None
+    if "custom" not in wraps:
+        raise CourseError("--policy-file is used by --wrap custom; add custom to --wrap")
+    if not Path(path).is_file():
+        raise CourseError(f"--policy-file {path}: no such file")
+    policy = runpy.run_path(path).get("policy")
+    if not callable(policy):
+        raise CourseError(f"--policy-file {path} defines no function "
+                          "policy(module, recurse, nonwrapped_numel)")
+    return policy
+
+
+def print_units(env, title: str, units: list[dict]) -> None:
+    env.print0(f"\n== {title}: {len(units)} FSDP unit(s) ==")
+    env.print0(table([{**u, "MiB": round(u["gathered_bytes"] / MiB, 3)} for u in units]))
+
+
+def print_report(env, run: dict, comm: dict) -> None:
+    """The run's all-gather peaks and collectives, measured next to the theory."""
+    param_bytes = 4 * run["num_params"]
+    theory = run["gathered_theory_by_phase"]
+    note = "; nested units: no formula" if run["nested"] else ""
+    env.print0(f"\nall-gathered parameters, peak bytes (theory: fsdp_course.theory.wrapping{note}):")
+    env.print0(table([{"phase": phase, "measured": run[key], "theory": theory.get(phase, "-"),
+                       "MiB": round(run[key] / MiB, 3), "x param bytes": round(run[key] / param_bytes, 3)}
+                      for phase, key in (("forward", "gathered_forward"),
+                                         ("backward", "gathered_backward"),
+                                         ("step", "gathered_peak"))]))
+    env.print0("\ncollectives in the last step (payload bytes):")
+    env.print0(table([{"collective": kind, "calls": value["calls"],
+                       "theory calls": run["collective_calls_theory"].get(kind, 0),
+                       "bytes": value["bytes"],
+                       "theory bytes": run["collective_bytes_theory"].get(kind, 0),
+                       "x param bytes": round(value["bytes"] / param_bytes, 3)}
+                      for kind, value in comm.items()] or [{"collective": "(none)"}]))
