@@ -58,7 +58,7 @@ def slice_origins(full: torch.Tensor, candidates: list[torch.Tensor]) -> list[tu
     elements equal ``candidates[r]`` only, "all" where every candidate has those very values
     (zeros, ones), "none" where no candidate matches."""
     full = full.detach().reshape(-1)
-    matches = torch.stack([full == c.reshape(-1) for c in candidates])
+    matches = torch.stack([full == c.reshape(-1).to(full.device) for c in candidates])
     owner = matches.int().argmax(0)                         # the first candidate that matches
     owner[matches.all(0)] = len(candidates)                 # every one matches
     owner[~matches.any(0)] = len(candidates) + 1            # none matches

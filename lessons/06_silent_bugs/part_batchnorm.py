@@ -64,8 +64,8 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
-def max_over_ranks(value: float) -> float:
-    t = torch.tensor(value, dtype=torch.float64)
+def max_over_ranks(value: float, device) -> float:
+    t = torch.tensor(value, dtype=torch.float64, device=device)  # NCCL reduces GPU tensors only
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
 
@@ -121,7 +121,8 @@ def train(variant: str, cfg, env, batch: int, steps: int, ref: dict) -> dict:
         loss = F.cross_entropy(logits, y.to(env.device))
         loss.backward()
         if step == 0:
-            result["output_diff"] = max_over_ranks((logits.detach().cpu() - ref["logits"][rows]).abs().max().item())
+            result["output_diff"] = max_over_ranks((logits.detach().cpu() - ref["logits"][rows]).abs().max().item(),
+                                                   env.device)
             result["grad_rel_error"] = rel_error({k: v.cpu() for k, v in full_grads(inner).items()}, ref["grads"])
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -105,11 +105,11 @@ def reference(cfg, env) -> dict:
 
 
 def full_grads(model: nn.Module) -> dict:
-    """Every parameter's whole gradient (after the reduce), in fp32, by its plain name."""
+    """Every parameter's whole gradient (after the reduce), in fp32 on the CPU, by its plain name."""
     if isinstance(model, FSDP):  # classic: gather the shards (use_orig_params=True keeps names)
         with FSDP.summon_full_params(model, with_grads=True):
-            return {n: p.grad.float().clone() for n, p in model.module.named_parameters()}
-    return {n: p.grad.full_tensor().float() for n, p in model.named_parameters()}
+            return {n: p.grad.float().cpu() for n, p in model.module.named_parameters()}
+    return {n: p.grad.full_tensor().float().cpu() for n, p in model.named_parameters()}
 
 
 def train(spec: Spec, cfg, env, ref: dict) -> dict:
@@ -198,7 +198,7 @@ def step0(model: nn.Module, ref: dict, prediction: torch.Tensor) -> dict:
 
 
 def rel_error(a: dict, b: dict) -> float:
-    num = sum(((a[k].cpu() - b[k]).double() ** 2).sum() for k in b)
+    num = sum(((a[k] - b[k]).double() ** 2).sum() for k in b)
     return float((num / sum((b[k].double() ** 2).sum() for k in b)).sqrt())
 
 

@@ -36,7 +36,7 @@ warnings.filterwarnings("ignore", message="DTensor random operators")
 warnings.filterwarnings("ignore", message=".*returned a view tensor")  # the GPT's logits: harmless
 
 
-def names(kind: str, choices) -> str:
+def list_help(kind: str, choices) -> str:
     return f"{kind}: comma-separated, from {', '.join(choices)}"
 
 
@@ -47,11 +47,11 @@ class Config(TrainConfig):
     n_layers: int = field(default=2, metadata={"help": "part A's GPT blocks"})
     seq_len: int = field(default=32, metadata={"help": "part A's tokens per sequence"})
     log_every: int = field(default=100, metadata={"help": "print a metric line every N steps"})
-    parts: str = field(default=",".join(PARTS), metadata={"help": names("parts to run", PARTS)})
+    parts: str = field(default=",".join(PARTS), metadata={"help": list_help("parts to run", PARTS)})
     init: str = field(default=",".join(part_init.INIT_VARIANTS),
-                      metadata={"help": names("part A variants", part_init.INIT_VARIANTS)})
+                      metadata={"help": list_help("part A variants", part_init.INIT_VARIANTS)})
     bn: str = field(default=",".join(part_batchnorm.BN_VARIANTS),
-                    metadata={"help": names("part B variants", part_batchnorm.BN_VARIANTS)})
+                    metadata={"help": list_help("part B variants", part_batchnorm.BN_VARIANTS)})
     bn_batch: int = field(default=8, metadata={"help": "part B: samples per rank per step"})
     bn_batch_sizes: str = field(default="2,4,8,16,32", metadata={
         "help": "part B: per-rank batch sizes of the error sweep (one plain-BatchNorm step each)"})
@@ -63,7 +63,7 @@ class Config(TrainConfig):
     global_batch: int = field(default=64, metadata={
         "help": "part C: samples per step over all ranks (fixed, so N=2 and N=4 are comparable)"})
     exercise: str | None = field(default=None, metadata={
-        "help": "the exercise: a .py file defining train(env, batches, steps, seed) "
+        "help": "the exercise: a .py file defining train(env, batches, steps, seed, inspect) "
                 "(default: mystery_loop.py, the loop with the bug)"})
 
 
