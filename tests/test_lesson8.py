@@ -85,11 +85,17 @@ def test_accelerate_config_maps_to_fully_shard():
 
 
 def test_zero_table_matches_the_quiz():
-    rows = {r["DeepSpeed"].split(" ")[0]: r for r in ecosystem.zero_table(10 ** 9, 8)}
-    assert rows["ZeRO-0"]["total"] == 16 * 10 ** 9
-    assert rows["ZeRO-1"]["total"] == 4e9 + 4e9 + 1e9
-    assert rows["ZeRO-2"]["total"] == 5.5e9
-    assert rows["ZeRO-3"]["total"] == 2e9
+    from fsdp_course.theory import memory
+
+    shape = memory.scaled_shape(1e9)
+    rows = {r["DeepSpeed"]: r for r in ecosystem.zero_table(shape, 8, batch=1)}
+    p = shape.num_params
+    assert rows["ZeRO-0"]["ZeRO state/rank"] == 16 * p
+    assert rows["ZeRO-2"]["ZeRO state/rank"] == int(2 * p + 14 * p / 8)  # the quiz: 3.75e9 at 1e9
+    assert rows["ZeRO-3"]["ZeRO state/rank"] == int(16 * p / 8)
+    assert rows["ZeRO-1"]["FSDP state/rank"] == ""  # no FSDP strategy shards the optimizer alone
+    assert rows["ZeRO-3"]["FSDP state/rank"] < rows["ZeRO-0"]["FSDP state/rank"]
+    assert memory.zero_stage_bytes(1e9, 8, 2)["total"] == 3.75e9
 
 
 # --- failures, diagnosed ------------------------------------------------------------------------

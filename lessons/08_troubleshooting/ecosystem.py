@@ -4,16 +4,14 @@
   each process (accelerate's own launcher code builds it), and ``accelerate_plugin(config)``
   the ``FullyShardedDataParallelPlugin`` accelerate builds from that environment.
 - ``fully_shard_kwargs(plugin, block_cls)``: what that plugin means in the course's own calls.
-- ``zero_table(num_params, world_size)``: per-rank bytes of ZeRO stages 0-3 next to FSDP's
-  strategies, from the course's sharding formulas.
+- ``zero_table(shape, world_size, batch)``: per-rank bytes of ZeRO stages 0-3 next to FSDP's
+  strategies, from lesson 7's planner (``fsdp_course.theory.memory``).
 """
 
 from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-
-from fsdp_course import theory
 
 # accelerate config key (fsdp_config: ...) -> the FSDP argument or call, and the lesson that
 # showed it. Checked against accelerate's FullyShardedDataParallelPlugin and its launcher.
@@ -94,30 +92,38 @@ def wrap_targets(plugin) -> list[str]:
     return list(plugin.transformer_cls_names_to_wrap or [])
 
 
-def zero_table(num_params: int, world_size: int, unit_numels: list[int] | None = None) -> list[dict]:
-    """Per-rank bytes of parameters, gradients and Adam state (fp32, 16 bytes a parameter in
-    all), DeepSpeed ZeRO stage by stage, next to the FSDP setting that matches it.
+# ZeRO stage -> the FSDP setting that matches it (lesson 7's planner strategy), None: no FSDP one
+ZERO_TO_FSDP = {0: ("DDP (FSDP NO_SHARD)", "DDP"),
+                1: ("no FSDP strategy: torch's ZeroRedundancyOptimizer with DDP", None),
+                2: ("closest: SHARD_GRAD_OP / reshard_after_forward=False", "SHARD_GRAD_OP"),
+                3: ("FULL_SHARD / fully_shard(reshard_after_forward=True)", "FULL_SHARD")}
 
-        stage 0 (DDP):  everything replicated                    4P + 4P + 8P
-        ZeRO-1:         optimizer state sharded                  4P + 4P + 8P/N
-        ZeRO-2:         + gradients sharded                      4P + 4P/N + 8P/N
-        ZeRO-3:         + parameters sharded                     16P/N
-    (from ``theory.ddp_state_bytes`` and ``theory.model_state_bytes``; P/N with the padding of
-    each unit). FSDP's SHARD_GRAD_OP also keeps its parameters sharded between steps (ZeRO-3's
-    state), and gathers them once per step instead of twice: its at-rest bytes are ZeRO-3's,
-    its peak adds every gathered unit.
+
+def zero_table(shape, world_size: int, batch: int) -> list[dict]:
+    """Per-rank bytes, DeepSpeed ZeRO stage by stage (the ZeRO paper's mixed-precision Adam
+    accounting, ``theory.memory.zero_stage_bytes``: 2 + 2 + 12 bytes per parameter, sharded as
+    the stage says), next to the FSDP setting that matches it, as lesson 7's planner
+    (``theory.memory.plan``, bf16 mixed precision, AdamW) counts it: the sharded state and the
+    step's peak with ``batch`` sequences per rank.
+
+    FSDP keeps fp32 master weights and gradients (4 + 4 + 8 = the same 16 bytes per parameter,
+    split differently); its SHARD_GRAD_OP shards the parameters at rest too (ZeRO-2 does not)
+    and pays for it with the gathered parameters held between forward and backward.
     """
-    units = unit_numels or [num_params]
-    full = theory.ddp_state_bytes(num_params)
-    sharded = theory.model_state_bytes(units, world_size, "FULL_SHARD")
-    stages = [
-        ("ZeRO-0 (plain data parallel)", "DDP; FSDP NO_SHARD", full["params"], full["grads"], full["optimizer"]),
-        ("ZeRO-1", "no FSDP strategy; torch's ZeroRedundancyOptimizer with DDP", full["params"], full["grads"], sharded["optimizer"]),
-        ("ZeRO-2", "closest: SHARD_GRAD_OP / reshard_after_forward=False (shards parameters too)", full["params"], sharded["grads"], sharded["optimizer"]),
-        ("ZeRO-3", "FULL_SHARD / fully_shard(reshard_after_forward=True)", sharded["params"], sharded["grads"], sharded["optimizer"]),
-    ]
-    return [{"DeepSpeed": name, "FSDP": fsdp, "params": p, "grads": g, "optimizer": o, "total": p + g + o}
-            for name, fsdp, p, g, o in stages]
+    from fsdp_course.theory import memory
+
+    rows = []
+    for stage, (fsdp, strategy) in ZERO_TO_FSDP.items():
+        zero = memory.zero_stage_bytes(shape.num_params, world_size, stage)
+        row = {"DeepSpeed": f"ZeRO-{stage}", "ZeRO state/rank": int(zero["total"]), "FSDP": fsdp,
+               "FSDP state/rank": "", "FSDP peak/rank": ""}
+        if strategy:
+            plan = memory.plan(shape, batch, world_size, strategy, precision="bf16-mixed")
+            state = plan["categories"]
+            row["FSDP state/rank"] = state["params"] + state["grads"] + state["optimizer"]
+            row["FSDP peak/rank"] = plan["peak"]
+        rows.append(row)
+    return rows
 
 
 NO_COUNTERPART = [
