@@ -20,6 +20,7 @@ While a job hangs, `py-spy dump --pid PID` on each rank's process shows where it
 
 import copy
 import os
+import shutil
 import signal
 import sys
 import time
@@ -155,8 +156,10 @@ def run(cfg, env):
     if restart > 0 and ckpt.latest(cfg.ckpt_dir):
         start = load_checkpoint(ckpt.latest(cfg.ckpt_dir), model, optimizer)
         env.print0(f"resumed from {ckpt.latest(cfg.ckpt_dir)} (step {start})")
-    elif env.is_rank0 and cfg.ckpt_every:
-        ckpt.prune(cfg.ckpt_dir, 0)
+    elif cfg.ckpt_every:  # a fresh run: forget the checkpoints of earlier runs
+        if env.is_rank0:
+            shutil.rmtree(cfg.ckpt_dir, ignore_errors=True)
+        dist.barrier()
     results["resumed_from"] = start
 
     # --- loop --------------------------------------------------------------------------------
