@@ -1,0 +1,152 @@
+"""Lesson 7's plumbing: variants, the planner's prediction for each, outcomes and tables.
+
+Nothing here is what the lesson teaches (that is in ``train.py``'s ``shard()`` and in
+``fsdp_course.theory.memory``); it turns flags into runs and runs into rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+import torch.distributed as dist
+
+from fsdp_course.fsdp2 import expand_variants
+from fsdp_course.measure import MiB
+from fsdp_course.theory import memory
+
+TRACKED = 2  # the measured step: after two steps (optimizer state exists, DDP rebuilt its buckets)
+
+
+def api_of(cfg) -> str:
+    return "ddp" if cfg.strategy == "DDP" else cfg.api
+
+
+def label(cfg) -> str:
+    """A short name for a run: 'fsdp2 FULL_SHARD bf16 ac=full'."""
+    parts = ["DDP"] if cfg.strategy == "DDP" else [cfg.api, cfg.strategy]
+    parts += ["bf16"] * cfg.mixed_precision
+    if cfg.activation_checkpointing != "none":
+        parts.append(f"ac={cfg.activation_checkpointing}")
+        parts += ["reentrant"] * cfg.ac_reentrant + ["wrong-order"] * (cfg.ac_order == "wrong")
+    parts += [f"offload={cfg.cpu_offload}"] * (cfg.cpu_offload != "none")
+    parts += [f"seq={cfg.seq_len}"] * (cfg.seq_len != 64) + [f"batch={cfg.batch_size}"] * (cfg.batch_size != 8)
+    parts += [f"limit={cfg.rank_memory_mib:g}MiB"] * bool(cfg.rank_memory_mib)
+    return " ".join(parts)
+
+
+def blocks_to_checkpoint(model, ac: str) -> list:
+    """The blocks to checkpoint: none, all (``full``), or blocks 0, K, 2K, ... (``every-K``)."""
+    return [model.blocks[i] for i in memory.checkpointed_blocks(len(model.blocks), ac)]
+
+
+def shape_of(cfg, vocab_size: int) -> memory.GPTShape:
+    return memory.GPTShape(vocab_size, cfg.seq_len, cfg.d_model, cfg.n_layers, cfg.n_heads)
+
+
+def predict(cfg, world_size: int, vocab_size: int, device_type: str = "cpu") -> dict:
+    """The planner's figures for this run (the same call as ``python -m fsdp_course.plan``).
+    AdamW steps tensor by tensor on CPU and with ``foreach`` on GPUs: the planner is told."""
+    return memory.plan(shape_of(cfg, vocab_size), cfg.batch_size, world_size,
+                       strategy=cfg.strategy, api=cfg.api, foreach=device_type == "cuda",
+                       precision="bf16-mixed" if cfg.mixed_precision else "fp32",
+                       ac=cfg.activation_checkpointing,
+                       gpu_bytes=cfg.rank_memory_mib * MiB if cfg.rank_memory_mib else None)
+
+
+def limit_verdict(cfg, prediction: dict) -> str:
+    if "fits" not in prediction:
+        return ""
+    verdict = "fits" if prediction["fits"] else "does NOT fit"
+    return (f" + allowance {prediction['allowance'] / MiB:.2f} = {prediction['needed'] / MiB:.2f} MiB"
+            f" vs limit {cfg.rank_memory_mib:g} MiB: {verdict}")
+
+
+def expand(cfg, world_size: int) -> list:
+    """The variants of ``--variants`` (or just ``cfg``), each checked: ValueError if one makes
+    no sense."""
+    variants = expand_variants(cfg, cfg.variants)
+    for v in variants:
+        memory.checkpointed_blocks(v.n_layers, v.activation_checkpointing)  # ValueError if bad
+        if v.api == "fsdp2" and v.strategy == "NO_SHARD":
+            raise ValueError("api=fsdp2 has no NO_SHARD: a full replica per rank is strategy=DDP")
+        if v.strategy == "DDP" and (v.cpu_offload != "none" or v.mixed_precision):
+            raise ValueError("strategy=DDP: --cpu-offload and --mixed-precision belong to FSDP here")
+        if v.ac_reentrant and v.api == "fsdp2" and v.strategy != "DDP":
+            raise ValueError("--ac-reentrant: FSDP2's checkpoint() is non-reentrant only (api=classic)")
+        if v.steps <= TRACKED:
+            raise ValueError(f"--steps must be > {TRACKED}: step {TRACKED} is the measured one")
+        if v.rank_memory_mib < 0:
+            raise ValueError("--rank-memory-mib must be >= 0")
+    return variants
+
+
+def warm_ups(variants: list) -> list:
+    """One tiny run per kind of run, without a limit, before any limited run: the threads,
+    allocator arenas and communication buffers a run needs then exist already, so the limit
+    measures the model, not the runtime's first start."""
+    seen, tiny = set(), []
+    for v in variants:
+        key = (api_of(v), v.strategy, v.mixed_precision)
+        if key not in seen:
+            seen.add(key)
+            tiny.append(dataclasses.replace(v, d_model=32, n_layers=1, n_heads=2, batch_size=2,
+                                            steps=TRACKED + 1, rank_memory_mib=0.0,
+                                            activation_checkpointing="none", log_every=10 ** 6))
+    return tiny
+
+
+def is_expected_failure(exc: BaseException, cfg) -> bool:
+    """An allocation refused (the limit, or a GPU out of memory), or offload's accelerator
+    requirement: failures the lesson shows. Anything else is a bug and propagates."""
+    text = str(exc)
+    if isinstance(exc, MemoryError) or "can't allocate memory" in text or "out of memory" in text:
+        return True
+    return cfg.cpu_offload != "none" and "accelerator" in text
+
+
+def first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
+
+def timing(history: list[dict]) -> dict:
+    """ms per step: the median of the steps that are neither the first nor the measured one."""
+    plain = [row["ms"] for row in history if row["step"] not in (0, TRACKED)]
+    return {"ms_per_step": statistics.median(plain) if plain else float("nan"),
+            "loss_first": history[0]["loss"], "loss_last": history[-1]["loss"]}
+
+
+def gather_outcomes(results: list[dict]) -> list[dict]:
+    """Every rank's outcome of every run: 'trained' or its error line (a collective)."""
+    mine = [r.get("error", "trained") for r in results]
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return [{"label": r["label"], "per_rank": [ranks[i] for ranks in every]}
+            for i, r in enumerate(results)]
+
+
+def _mib(value) -> float | str:
+    return round(value / MiB, 3) if isinstance(value, (int, float)) else "-"
+
+
+def comparison_rows(results: list[dict], outcomes: list[dict] | None = None) -> list[dict]:
+    """One row per run: predicted / measured per category and the peak, in MiB (rank 0)."""
+    rows = []
+    for i, r in enumerate(results):
+        pred, meas, state = r["prediction"], r.get("measured", {}), r.get("state", {})
+        cats = pred["categories"]
+        row = {"run": r["label"]}
+        for key in ("params", "grads", "optimizer"):
+            row[key] = f"{_mib(cats[key])} / {_mib(state.get(key))}"
+        row["gathered"] = f"{_mib(pred['at_peak'].get('gathered', 0))} / {_mib(meas.get('at_peak', {}).get('gathered'))}"
+        row["activations"] = f"{_mib(cats['activations'])} / {_mib(meas.get('activations'))}"
+        row["peak"] = f"{_mib(pred['peak'])} / {_mib(meas.get('peak'))}"
+        row["peak error"] = (f"{100 * (pred['peak'] - meas['peak']) / meas['peak']:+.1f}%"
+                             if meas.get("peak") else "-")
+        if outcomes:
+            ranks = outcomes[i]["per_rank"]
+            row["outcome"] = "trained" if all(o == "trained" for o in ranks) else \
+                f"failed on {sum(o != 'trained' for o in ranks)}/{len(ranks)} ranks"
+        rows.append(row)
+    return rows
