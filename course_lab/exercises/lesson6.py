@@ -36,7 +36,9 @@ def check_find_the_bug(train, nproc: int = 2, steps: int = 6, run=None) -> tuple
     train on the global batch (every parameter within the script's tolerance)."""
     source = cell_source(train)
     if _normalised(source) == _normalised(MYSTERY.read_text()):
-        raise NotImplementedError  # the loop exactly as given: not attempted yet
+        # the loop exactly as given: not attempted yet
+        raise NotImplementedError("the loop is still exactly as given: find the bug with inspect(), "
+                                  "fix it in the cell, then run this check again")
     if run is None:
         from course_lab.notebook import run_lesson as run
     with tempfile.TemporaryDirectory(prefix="lesson6-ex-") as tmp:
