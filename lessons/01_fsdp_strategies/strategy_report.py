@@ -58,7 +58,7 @@ def shard_layout(model, world_size: int) -> list[list[dict]]:
 def print_report(env, measured: dict, expected: dict, comm: dict, comm_expected: dict,
                  param_bytes: int, norms: dict, factors: dict) -> None:
     """Rank 0's tables: bytes per category and per collective, measured next to the theory."""
-    env.print0(f"\nper-rank bytes, rank 0 (theory: fsdp_course.theory):")
+    env.print0("\nper-rank bytes, rank 0 (theory: fsdp_course.theory):")
     env.print0(table([{"category": k, "measured": v, "theory": expected.get(k, "-"),
                        "MiB": round(v / MiB, 3)} for k, v in measured.items()]))
     env.print0("\ncollectives in the last step (payload bytes):")
