@@ -42,6 +42,7 @@ class LessonRun:
     stdout: str
     stderr: str
     metrics: dict | None
+    nproc: str | None = None
 
 
 def launcher(lesson: int) -> Path:
@@ -137,6 +138,7 @@ def _launch(lesson, args, nproc, env, echo, timeout) -> LessonRun:
         command = ["bash", str(launcher(lesson)), *args, "--metrics", str(metrics)]
         run = run_command(command, env=lesson_env(nproc, env), echo=echo, timeout=timeout)
         run.command = ["bash", f"launch/lesson{lesson}.sh", *args]
+        run.nproc = None if nproc is None else str(nproc)
         if metrics.is_file():
             run.metrics = read_metrics(metrics)
         return run
@@ -174,7 +176,7 @@ def _in_notebook() -> bool:
 
 def show_log(run: LessonRun) -> None:
     """The command, its exit code and its log: folded in JupyterLab, printed elsewhere."""
-    command = f"NPROC={_nproc(run)} " + " ".join(run.command)
+    command = (f"NPROC={run.nproc} " if run.nproc else "") + " ".join(run.command)
     lines = run.stdout.count("\n")
     summary = f"$ {command}   (exit {run.returncode}, {lines} lines of log)"
     if not _in_notebook():
@@ -184,10 +186,6 @@ def show_log(run: LessonRun) -> None:
     from IPython.display import HTML, display
     display(HTML(f"<details><summary><code>{html.escape(summary)}</code></summary>"
                  f"<pre>{html.escape(run.stdout)}</pre></details>"))
-
-
-def _nproc(run: LessonRun) -> str:
-    return os.environ.get("NPROC", "?") if not run.metrics else str(run.metrics.get("world_size", "?"))
 
 
 def show_table(rows: list[dict], columns: list[str] | None = None) -> None:

@@ -7,7 +7,9 @@
 
     cfg = parse_config(Config, __doc__)
 
-Field ``my_flag`` becomes ``--my-flag``; a bool becomes ``--my-flag / --no-my-flag``.
+Field ``my_flag`` becomes ``--my-flag``; a bool becomes ``--my-flag / --no-my-flag``. A field
+whose metadata has ``"parse": fn`` is parsed by ``fn(text)`` (e.g. a comma-separated list into a
+tuple of checked names); the default is used as given.
 """
 
 from __future__ import annotations
@@ -45,7 +47,11 @@ def build_parser(cls, doc: str | None = None) -> argparse.ArgumentParser:
         if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
             # "str | None" and friends: the first non-None type parses the flag.
             kind = next(arg for arg in typing.get_args(kind) if arg is not type(None))
-        parser.add_argument(flag, type=kind, default=default, help=help_text,
+        # A field may bring its own parser (metadata "parse": text -> value, raising ValueError
+        # or argparse.ArgumentTypeError with a message): list flags like "--strategy A,B" are
+        # turned into typed values here, once, instead of in each script.
+        parse = field.metadata.get("parse", kind)
+        parser.add_argument(flag, type=parse, default=default, help=help_text,
                             choices=field.metadata.get("choices"),
                             metavar=field.metadata.get("metavar"))
     return parser

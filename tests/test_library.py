@@ -277,3 +277,28 @@ def test_unit_numels_and_padding_theory():
     assert theory.collective_bytes([8, 4], 2, "FULL_SHARD") == {"all_gather": 4 * (8 + 4 + 4),
                                                                 "reduce_scatter": 4 * 12}
     assert theory.ring_sent_bytes("all_reduce", 100, 4) == 150
+
+
+def test_config_field_with_its_own_parser():
+    """A list flag is parsed once, by the field's own parser; a bad value is argparse's one line."""
+    import argparse
+    from dataclasses import dataclass, field
+
+    from fsdp_course.config import parse_config
+
+    def strategies(text):
+        names = tuple(part.strip().upper() for part in text.split(",") if part.strip())
+        if not names:
+            raise argparse.ArgumentTypeError("give at least one strategy")
+        return names
+
+    @dataclass
+    class Config:
+        strategy: tuple = field(default=("FULL_SHARD",), metadata={"parse": strategies})
+
+    assert parse_config(Config, argv=["--strategy", "full_shard, no_shard"]).strategy == (
+        "FULL_SHARD", "NO_SHARD")
+    assert parse_config(Config, argv=[]).strategy == ("FULL_SHARD",)
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(Config, argv=["--strategy", " , "])
+    assert exit_info.value.code == 2
