@@ -41,12 +41,11 @@ def batch_scale(fault: str, fault_step: int, step: int) -> int:
     return 32 if fault == "oom" and step == fault_step else 1
 
 
-def node_dies_now(step: int, kill_at: int | None) -> bool:
+def node_dies_now(step: int, kill_at: int | None, restart: int) -> bool:
     """``--kill-node-at-step``: true on every worker of the last node (torchrun's GROUP_RANK)
-    at that step of the first attempt; the restarted workers live on."""
-    first_attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
+    at that step of the first attempt (``restart`` 0 on every rank); restarted workers live on."""
     last_node = int(os.environ.get("GROUP_RANK", "0")) == int(os.environ.get("GROUP_WORLD_SIZE", "1")) - 1
-    return step == kill_at and first_attempt and last_node
+    return step == kill_at and restart == 0 and last_node
 
 
 def vm_size_bytes() -> int:

@@ -19,12 +19,17 @@ from fsdp_course.measure import CommCounter, _op_name, _payload_bytes
 from fsdp_course.model import lm_loss
 
 
+def gather_ints(env, value: int) -> list[int]:
+    """``value`` of every rank, in rank order (an all-gather: every rank calls it)."""
+    mine = torch.tensor([value], device=env.device)
+    every = [torch.zeros_like(mine) for _ in range(env.world_size)]
+    dist.all_gather(every, mine)
+    return [int(v.item()) for v in every]
+
+
 def node_of_every_rank(env) -> list[int]:
-    """GROUP_RANK of every rank (all-gathered): the node each rank runs on."""
-    mine = torch.tensor([int(os.environ.get("GROUP_RANK", "0"))], device=env.device)
-    nodes = [torch.zeros_like(mine) for _ in range(env.world_size)]
-    dist.all_gather(nodes, mine)
-    return [int(n.item()) for n in nodes]
+    """GROUP_RANK of every rank: the node each rank runs on."""
+    return gather_ints(env, int(os.environ.get("GROUP_RANK", "0")))
 
 
 def build_mesh(env, replicas: int, tp: int):
@@ -207,6 +212,18 @@ def measure_flat(cfg, env, reference, data, nodes, mesh, shapes) -> dict:
     per_node = env.world_size // len(set(nodes))
     return {"collectives": counter.scoped,
             "theory": hsdp.flat_collective_bytes(shapes, len(set(nodes)), per_node)}
+
+
+def theory_for(cfg, world_size: int, shapes) -> dict:
+    """The payload bytes per link the measured step should show (``fsdp_course.theory``)."""
+    from fsdp_course.theory import fsdp2, hsdp
+
+    if cfg.replicas > 1:
+        return hsdp.hsdp_collective_bytes(shapes, cfg.replicas, world_size // cfg.replicas)
+    if cfg.tp > 1:  # the all-reduces tensor parallelism adds (FSDP's own bytes shrink by tp)
+        return {"intra": {"all_reduce": hsdp.tp_mlp_all_reduce_bytes(
+            cfg.batch_size, cfg.seq_len, cfg.d_model, cfg.n_layers)}, "inter": {}}
+    return {"intra": fsdp2.collective_bytes_theory(shapes, world_size), "inter": {}}
 
 
 def scope_rows(collectives: dict, theory: dict | None) -> list[dict]:

@@ -40,8 +40,6 @@ import faults  # noqa: E402
 import scale  # noqa: E402
 
 from fsdp_course import checkpoint as ckpt  # noqa: E402
-from fsdp_course import theory  # noqa: E402
-from fsdp_course.theory import hsdp  # noqa: E402
 from fsdp_course.config import TrainConfig, describe, parse_config  # noqa: E402
 from fsdp_course.data import load_data  # noqa: E402
 from fsdp_course.dist import distributed, mean_over_ranks  # noqa: E402
@@ -98,14 +96,15 @@ def load_checkpoint(path, model, optimizer) -> int:
     return state["step"]
 
 
-def train(cfg, env, data, model, optimizer, start, counter=None, logger=None, save=True, evaluate=None):
+def train(cfg, env, data, model, optimizer, start, counter=None, logger=None, save=True, evaluate=None,
+          restart=0):
     """The loop, with the lesson's faults where real jobs meet them. Returns the held-out loss
     of the last evaluation (with ``evaluate``)."""
     dp_size, dp_rank = env.world_size // cfg.tp, env.rank // cfg.tp  # TP partners: same batch
     my_steps = faults.steps_for_rank(cfg.fault, cfg.fault_step, cfg.steps, env.rank, env.world_size)
     loss_value, eval_value = float("nan"), None
     for step in range(start, my_steps):  # uneven-data: the last rank's data ends early (BUG)
-        if faults.node_dies_now(step, cfg.kill_node_at_step):
+        if save and faults.node_dies_now(step, cfg.kill_node_at_step, restart):  # not in the reference
             os.kill(os.getpid(), signal.SIGKILL)  # a node dies: every worker of the last agent
         faults.corrupt_sample_check(cfg.fault, cfg.fault_step, step, env.rank, env.world_size)
         rows = cfg.batch_size * faults.batch_scale(cfg.fault, cfg.fault_step, step)
@@ -138,9 +137,12 @@ def train(cfg, env, data, model, optimizer, start, counter=None, logger=None, sa
 def run(cfg, env):
     # --- setup -------------------------------------------------------------------------------
     ckpt.quiet_state_dict_warnings()
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     scale.validate(cfg, env)
     nodes = scale.node_of_every_rank(env)
+    # Each agent counts only its own workers' failures: a node restarted because ANOTHER node
+    # failed can read 0. Restarted or not is decided by all ranks together.
+    restart_counts = scale.gather_ints(env, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+    restart = max(restart_counts)
     mesh, fsdp_mesh, tp_mesh = scale.build_mesh(env, cfg.replicas, cfg.tp)
     env.print0(f"lesson 8 | {env.world_size} ranks on {len(set(nodes))} node(s) {nodes} | "
                f"{env.backend} | mesh {tuple(mesh.shape)} {mesh.mesh_dim_names} | attempt {restart} | {describe(cfg)}")
@@ -149,7 +151,8 @@ def run(cfg, env):
     reference = GPT(cfg.model_config(data.vocab_size)).to(env.device)
     model, optimizer = build(cfg, reference, fsdp_mesh, tp_mesh)
     results = {"nodes": nodes, "mesh": {"shape": list(mesh.shape), "names": list(mesh.mesh_dim_names)},
-               "restart_count": restart, "placements": scale.placements_table(model)}
+               "restart_count": restart, "restart_counts": restart_counts,
+               "placements": scale.placements_table(model)}
 
     # --- checkpoint: a restarted job resumes from the newest complete checkpoint ------------------
     start = 0
@@ -169,7 +172,8 @@ def run(cfg, env):
     if cfg.memory_limit_mib:
         results["memory_limit"] = faults.limit_memory(cfg.memory_limit_mib, env.device)
     evaluate = faults.load_evaluate(cfg.eval_module) if cfg.eval_module else None
-    eval_value = train(cfg, env, data, model, optimizer, start, counter, logger, evaluate=evaluate)
+    eval_value = train(cfg, env, data, model, optimizer, start, counter, logger, evaluate=evaluate,
+                       restart=restart)
     dist.barrier()  # every rank has finished training before the report
     if evaluate is not None:
         last = max(s for s in range(cfg.steps) if s % 2 == 1)
@@ -181,13 +185,7 @@ def run(cfg, env):
     # --- report ------------------------------------------------------------------------------
     results["collectives"] = counter.scoped
     shapes = scale.group_shapes(reference)
-    if cfg.replicas > 1:
-        results["theory"] = hsdp.hsdp_collective_bytes(shapes, cfg.replicas, env.world_size // cfg.replicas)
-    elif cfg.tp == 1:
-        results["theory"] = {"intra": theory.fsdp2.collective_bytes_theory(shapes, env.world_size), "inter": {}}
-    else:  # the all-reduces tensor parallelism adds (FSDP's own bytes shrink by the TP degree)
-        results["theory"] = {"intra": {"all_reduce": hsdp.tp_mlp_all_reduce_bytes(
-            cfg.batch_size, cfg.seq_len, cfg.d_model, cfg.n_layers)}, "inter": {}}
+    results["theory"] = scale.theory_for(cfg, env.world_size, shapes)  # fsdp_course.theory
     if cfg.compare_flat:
         results["flat"] = scale.measure_flat(cfg, env, reference, data, nodes, mesh, shapes)
     if cfg.ckpt_every:  # the same run, uninterrupted, in this process: bitwise equal?
