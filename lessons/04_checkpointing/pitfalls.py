@@ -21,6 +21,7 @@ from fsdp_course.checkpoint import describe_tree, digest, list_files, tensor_byt
 from fsdp_course.measure import CommCounter
 from fsdp_course.model import GPT
 from fsdp_course.report import table
+from state_dicts import build_as
 
 
 def _one_line(exc: BaseException) -> str:
@@ -95,8 +96,9 @@ def _load_fsdp2_file(path: Path, plain: torch.nn.Module) -> list[dict]:
     return rows
 
 
-def torch_save_pitfall(model, optimizer, fsdp2_model, fsdp2_optimizer, env, out_dir) -> dict:
+def torch_save_pitfall(model, optimizer, env, out_dir) -> dict:
     out_dir = _fresh_dir(Path(out_dir), env)
+    fsdp2_model, fsdp2_optimizer = build_as("FSDP2", model.module.cfg, optimizer.param_groups[0]["lr"], 0, env.device)
     # Classic FSDP's default state dict is FULL_STATE_DICT: it all-gathers every unit, so EVERY
     # rank must call it (a collective), and every rank ends up holding the full model.
     classic = _gather_rows(_save_per_rank(model, optimizer, out_dir / f"rank{env.rank}.pt", env), env)

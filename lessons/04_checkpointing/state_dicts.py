@@ -30,6 +30,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import (LocalOptimStateDictConfig, LocalStateDictConfig,
                                     ShardedOptimStateDictConfig, ShardedStateDictConfig,
                                     StateDictType, fully_shard)
+from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from fsdp_course.checkpoint import compare_fingerprints, fingerprint, list_files, tensor_bytes
@@ -73,16 +74,17 @@ def with_adam_state(model, optimizer):
     return model, optimizer
 
 
-def build_as(wrapper: str, model_cfg, lr: float, seed: int):
+def build_as(wrapper: str, model_cfg, lr: float, seed: int, device: torch.device):
     """The course GPT wrapped as ``wrapper`` (FSDP2: fully_shard each block, then the root)."""
     torch.manual_seed(seed)
-    model = GPT(model_cfg)
+    model = GPT(model_cfg).to(device)
     if wrapper == "FSDP2":
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     else:
-        model = DDP(model)
+        model = DDP(model, device_ids=[device] if device.type == "cuda" else None)
     return with_adam_state(model, torch.optim.AdamW(model.parameters(), lr=lr))
 
 
@@ -181,7 +183,7 @@ def compare_types(model, optimizer, env, out_dir, build_classic) -> dict:
     def build_fresh(wrapper, seed=1234):
         if wrapper == "classic":
             return with_adam_state(*build_classic())
-        return build_as(wrapper, model_cfg, lr, seed)
+        return build_as(wrapper, model_cfg, lr, seed, env.device)
 
     rows, record, from_classic = [], [], {}
     for wrapper, kind in ROWS:

@@ -97,6 +97,7 @@ def save_checkpoint(path, model, optimizer, step, env, crash=False):
     all-gathers each unit for a moment to cut it into per-parameter chunks; FSDP2 gathers nothing."""
     model_sd, optim_sd = get_state_dict(model, optimizer)  # ShardedTensors (FSDP2: DTensors)
     # The RNG state is a plain tensor, the same key on every rank: DCP keeps ONE copy of it.
+    # (The CPU generator; on GPUs dropout draws from torch.cuda.get_rng_state()'s, save it too.)
     state = {"model": model_sd, "optim": optim_sd,
              "trainer": {"step": step, "rng": torch.get_rng_state()}}
     with ckpt.atomic_dir(path, env.is_rank0) as tmp:  # .tmp-step_N, renamed once all are done
@@ -125,8 +126,7 @@ def main() -> None:
         demos = plumbing.parse_demos(cfg.demo)
         periodic = plumbing.periodic_checkpoints(cfg)  # and the flags that need it, checked
         save_fn, load_fn = plumbing.checkpoint_functions(cfg, save_checkpoint, load_checkpoint, env)
-        env.print0(f"lesson 4 | {env.world_size} ranks | {env.backend} on {env.device.type} | "
-                   f"attempt {restart} | {describe(cfg)}")
+        env.print0(f"lesson 4 | {env.world_size} ranks | {env.backend} | attempt {restart} | {describe(cfg)}")
         data = load_data(cfg.data, seed=cfg.seed)
         root = Path(cfg.ckpt_dir)
         results = {"restart_count": restart, "saves": []}
@@ -177,9 +177,8 @@ def main() -> None:
                 model.state_dict()
         build_copy = functools.partial(build, cfg, env, data, cfg.seed + 1)  # another init and RNG
         with torch.random.fork_rng(devices=[]):  # the demos build (and seed) models of their own
-            if "torch-save" in demos:
-                fsdp2 = state_dicts.build_as("FSDP2", model.module.cfg, cfg.lr, cfg.seed)
-                results["torch_save"] = pitfalls.torch_save_pitfall(model, optimizer, *fsdp2, env, root / "torch_save")
+            if "torch-save" in demos:  # classic FSDP, and an FSDP2 model of the same GPT
+                results["torch_save"] = pitfalls.torch_save_pitfall(model, optimizer, env, root / "torch_save")
             if "types" in demos:
                 results["types"] = state_dicts.compare_types(model, optimizer, env, root / "types", build_copy)
             if "rng" in demos:
