@@ -1,26 +1,11 @@
-"""Gradient accumulation with FSDP (lesson 3): what ``no_sync`` saves, what it costs, and how to
-check that K micro-batches give the gradient of one big batch.
-
-Sizes are in bytes; ``P`` is the parameter count, ``N`` the world size, ``K`` the micro-batches
-per optimizer step. With FULL_SHARD (classic FSDP or FSDP2), per optimizer step:
-
-    all-gather payload      ~ K * 2 * 4P      every micro-batch gathers the parameters for its
-                                              forward and again for its backward: no_sync does
-                                              not change this
-    reduce-scatter payload    K * 4P_pad      syncing every micro-batch
-                              1 * 4P_pad      with no_sync() / set_requires_gradient_sync(False)
-                                              on all but the last micro-batch
-    saved by no_sync          (K - 1) * 4P_pad; each rank sends (N - 1)/N of it (ring)
-    gradients held between    4P  (unsharded)  with no_sync: every rank keeps the whole gradient
-    micro-batches, per rank   4P_pad / N       syncing every micro-batch: its shard only
-    cost of no_sync           4P - 4P_pad / N  ~ 4P (N - 1) / N, the same whatever K is
-
-``P_pad`` is ``P`` padded as the API shards it: classic FSDP pads each unit's flat parameter
-to a multiple of N; FSDP2 pads each parameter's first dimension to a multiple of N.
+"""Measuring gradient accumulation with FSDP (lesson 3): the gradient bytes a rank holds between
+micro-batches, the one-big-batch reference, and the comparison of every rank's gradient with
+it. What the measurements should be (bytes saved, memory held): ``fsdp_course.theory.accumulation``.
 """
 
 from __future__ import annotations
 
+import copy
 
 import torch
 import torch.nn as nn
@@ -78,6 +63,19 @@ def _fsdp1_unit_prefixes(model: nn.Module):
         if isinstance(module, FSDP) and module._handle is not None:
             clean = ".".join(part for part in name.split(".") if part != "_fsdp_wrapped_module")
             yield (clean + "." if clean else ""), module._handle.flat_param
+
+
+def big_batch_reference(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
+                        loss_fn=None) -> nn.Module:
+    """A copy of ``model`` (unwrapped, before sharding) holding the gradient of ONE batch made
+    of ``batches`` (every rank's micro-batches of a step, ``(x, y)`` each): its mean loss counts
+    every sequence once. What accumulation over micro-batches must reproduce."""
+    from fsdp_course.model import lm_loss
+
+    reference = copy.deepcopy(model)
+    x, y = (torch.cat(parts) for parts in zip(*batches))
+    (loss_fn or lm_loss)(reference(x), y).backward()
+    return reference
 
 
 @torch.no_grad()

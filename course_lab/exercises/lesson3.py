@@ -1,5 +1,7 @@
-"""Lesson 3 exercise: write the gradient-accumulation loop ``accumulate(model, micro_batches,
-loss_fn)`` for classic FSDP.
+"""Lesson 3 exercise: the gradient-accumulation loop ``accumulate(model, micro_batches, loss_fn)``
+for classic FSDP, when the micro-batches do not all hold the same number of sequences (the
+last micro-batch of an epoch is usually short): one step beyond the lesson's loop, which
+divides each loss by K and is measured wrong there.
 
 Checked in two stages:
 
@@ -9,11 +11,16 @@ Checked in two stages:
    under torchrun on FSDP-wrapped ranks; the script compares the accumulated gradient with one
    process that ran the same micro-batches as one big batch, and counts the reduce-scatter
    bytes. Both must be right: equal gradients, and one reduce-scatter per optimizer step.
+
+The launch's loop file is named by its content, so the same function is the same launch (the
+test suite runs it once and shares it with the notebook's check).
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import os
 import tempfile
 import textwrap
 from contextlib import contextmanager
@@ -26,6 +33,7 @@ from quizzes.exercise import exercise
 
 # Written above the learner's function in the file the script loads.
 PREAMBLE = "import torch\nfrom contextlib import nullcontext\n\n"
+DRY_RUN_SIZES = (3, 3, 3, 1)  # samples per micro-batch in the in-process stage
 
 
 class RecordingModel(nn.Module):
@@ -58,78 +66,93 @@ class RecordingModel(nn.Module):
         return grad
 
 
-def _dry_run(learner_fn, accum: int) -> str | None:
+def _dry_run(learner_fn, sizes=DRY_RUN_SIZES) -> str | None:
     """None when the loop behaves on the stand-in model, else why not."""
     gen = torch.Generator().manual_seed(1)
-    micro_batches = [(torch.randn(3, 4, generator=gen), torch.randn(3, 1, generator=gen))
-                     for _ in range(accum)]
+    micro_batches = [(torch.randn(n, 4, generator=gen), torch.randn(n, 1, generator=gen)) for n in sizes]
     model = RecordingModel()
     loss_fn = nn.functional.mse_loss
     learner_fn(model, micro_batches, loss_fn)
 
-    reference = RecordingModel()
-    x = torch.cat([x for x, _ in micro_batches])
-    y = torch.cat([y for _, y in micro_batches])
-    loss_fn(reference(x), y).backward()
-
     flags = model.backward_in_no_sync
-    if len(flags) != accum:
-        return (f"your loop ran backward {len(flags)} time(s) for {accum} micro-batches; run "
+    if len(flags) != len(sizes):
+        return (f"your loop ran backward {len(flags)} time(s) for {len(sizes)} micro-batches; run "
                 "forward, loss and backward once per micro-batch.")
     if flags[-1]:
         return ("the last micro-batch ran its backward inside no_sync(): its gradients are never "
                 "reduce-scattered (the lesson's pitfall). Sync on the last micro-batch.")
     if not any(flags):
-        return (f"no backward ran inside model.no_sync(): the gradients are right but every "
-                f"micro-batch reduce-scatters ({accum}x the bytes). Wrap all but the last in it.")
+        return (f"no backward ran inside model.no_sync(): every micro-batch reduce-scatters "
+                f"({len(sizes)}x the bytes). Wrap all but the last in it.")
     if not all(flags[:-1]):
         skipped = [i for i, f in enumerate(flags[:-1]) if not f]
         return (f"micro-batch(es) {skipped} ran backward outside no_sync(): every micro-batch "
                 "but the last should skip the sync.")
-    got, want = model.linear.weight.grad, reference.linear.weight.grad
+    got = model.linear.weight.grad
     if got is None:
         return "no gradient after your loop: call loss.backward() for each micro-batch."
-    scale = (got * want).sum() / (want * want).sum()
+    big_batch = RecordingModel()
+    loss_fn(big_batch(torch.cat([x for x, _ in micro_batches])),
+            torch.cat([y for _, y in micro_batches])).backward()
+    want = big_batch.linear.weight.grad
     if torch.allclose(got, want, rtol=1e-5, atol=1e-7):
         return None
-    if abs(scale.item() - accum) < 1e-3 * accum:
-        return (f"the gradient is {accum}x the big batch's: the backward passes add up, so divide "
-                f"each micro-batch's loss by the number of micro-batches ({accum}).")
-    return (f"the gradient differs from the big batch's (scale {scale.item():.3f}): average the "
-            "loss over micro-batches, loss_fn(model(x), y) / len(micro_batches).")
+    rel_err = ((got - want).abs().max() / want.abs().max()).item()
+    equal_weights = RecordingModel()
+    for x, y in micro_batches:
+        (loss_fn(equal_weights(x), y) / len(sizes)).backward()
+    if torch.allclose(got, equal_weights.linear.weight.grad, rtol=1e-5, atol=1e-7):
+        return (f"your gradient is the one {len(sizes)} equal micro-batches would give (each loss / "
+                f"{len(sizes)}), but these hold {', '.join(map(str, sizes))} samples: compare with "
+                f"one batch of all {sum(sizes)} (rel err {rel_err:.1%}).")
+    scale = ((got * want).sum() / (want * want).sum()).item()
+    return (f"the gradient differs from the one of a single batch holding all {sum(sizes)} samples "
+            f"(rel err {rel_err:.1%}, scale {scale:.3f}).")
+
+
+def loop_file(source: str) -> Path:
+    """A file holding ``source``, named by its content (module doc)."""
+    folder = Path(tempfile.gettempdir()) / "fsdp-course-lesson3-loops"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"accumulate_{hashlib.sha256(source.encode()).hexdigest()[:16]}.py"
+    if not path.is_file():
+        part = path.with_suffix(f".{os.getpid()}.part")
+        part.write_text(source)
+        os.replace(part, path)
+    return path
 
 
 @exercise("lesson3", "ex_accumulate")
-def check_accumulate(learner_fn, accum: int = 4, nproc: int = 2,
-                     timeout: float = 300) -> tuple[bool, str]:
-    """``accumulate(model, micro_batches, loss_fn)`` must leave the gradient of the mean loss over
-    all micro-batches, reduce-scattered once: no_sync() on all micro-batches but the last."""
-    problem = _dry_run(learner_fn, accum)  # raises NotImplementedError while untouched
+def check_accumulate(learner_fn, accum: int = 4, batch_size: int = 4, last_batch_size: int = 1,
+                     nproc: int = 2) -> tuple[bool, str]:
+    """``accumulate(model, micro_batches, loss_fn)`` must leave the gradient of ONE batch holding
+    every micro-batch (whatever their sizes), reduce-scattered once: no_sync() on all
+    micro-batches but the last."""
+    problem = _dry_run(learner_fn)  # raises NotImplementedError while untouched
     if problem:
         return False, problem
 
     from course_lab.notebook import launch_lesson
 
-    source = textwrap.dedent(inspect.getsource(learner_fn))
-    with tempfile.TemporaryDirectory(prefix="lesson3-exercise-") as tmp:
-        loop_file = Path(tmp) / "my_accumulate.py"
-        loop_file.write_text(PREAMBLE + source)
-        done = launch_lesson(3, "--api", "fsdp1", "--accum", accum, "--steps", 1,
-                             "--batch-size", 4, "--loop-file", loop_file, nproc=nproc)
-        if done.returncode != 0 or done.metrics is None:
-            tail = " | ".join(done.stdout.strip().splitlines()[-3:])
-            return False, (f"your loop failed under torchrun (exit {done.returncode}): {tail}  "
-                           "(it runs from a file of its own: import what it needs inside it)")
-        run = done.metrics["results"]["runs"][0]
-    worst = max(r["rel_err"] for r in run["ranks"] if r["rel_err"] is not None) \
-        if any(r["rel_err"] is not None for r in run["ranks"]) else None
+    path = loop_file(PREAMBLE + textwrap.dedent(inspect.getsource(learner_fn)))
+    done = launch_lesson(3, "--api", "fsdp1", "--accum", accum, "--batch-size", batch_size,
+                         "--last-batch-size", last_batch_size, "--steps", 1, "--loop-file", path,
+                         nproc=nproc)
+    if done.returncode != 0 or done.metrics is None:
+        tail = " | ".join(done.stdout.strip().splitlines()[-3:])
+        return False, (f"your loop failed under torchrun (exit {done.returncode}): {tail}  "
+                       "(it runs from a file of its own: import what it needs inside it)")
+    run = done.metrics["results"]["runs"][0]
+    errors = [r["rel_err"] for r in run["ranks"] if r["rel_err"] is not None]
+    worst = max(errors) if errors else None
+    sizes = " + ".join(map(str, run["micro_batch_sizes"]))
     if not run["grads_equal"]:
-        return False, (f"under torchrun on {nproc} ranks the accumulated gradient differs from the "
-                       f"one-big-batch reference (worst rel err {worst}).")
-    sync_every = run["reduce_bytes"] != run["reduce_bytes_theory"]
-    if sync_every:
+        return False, (f"under torchrun on {nproc} ranks, micro-batches of {sizes} sequences, the "
+                       f"accumulated gradient differs from the one-big-batch reference (worst rel "
+                       f"err {worst}).")
+    if run["reduce_bytes"] != run["reduce_bytes_theory"]:
         return False, (f"gradients are right, but {run['reduce_bytes']:,} reduce-scatter bytes per "
                        f"step instead of {run['reduce_bytes_theory']:,}: some micro-batches synced.")
-    return True, (f"under torchrun on {nproc} ranks, K={accum}: gradients equal the one-big-batch "
-                  f"reference on every rank (worst rel err {worst:.1e}), and "
-                  f"{run['reduce_bytes']:,} reduce-scatter bytes per step (one sync, not {accum}).")
+    return True, (f"under torchrun on {nproc} ranks, micro-batches of {sizes} sequences: gradients "
+                  f"equal the one-big-batch reference on every rank (worst rel err {worst:.1e}), "
+                  f"and {run['reduce_bytes']:,} reduce-scatter bytes per step (one sync, not {accum}).")

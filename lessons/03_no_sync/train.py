@@ -1,23 +1,20 @@
 """Lesson 3: gradient accumulation with FSDP, and what no_sync() saves and costs.
 
-Each optimizer step runs K micro-batches. Only the last one needs to reduce-scatter gradients:
-the others run inside ``model.no_sync()`` (classic FSDP) or after
-``model.set_requires_gradient_sync(False)`` (FSDP2), and keep their *unsharded* gradients
-until then. The script measures, per optimizer step: the gradient against a single process
-that ran the same K x N micro-batches as one big batch, the bytes of each collective, and the
-gradient bytes every rank holds between micro-batches.
+Each optimizer step runs K micro-batches; only the last must reduce-scatter gradients, the
+others run in ``model.no_sync()`` (classic FSDP) or with ``set_requires_gradient_sync(False)``
+(FSDP2) and keep *unsharded* gradients. Measured per step: the gradient against one process that
+ran every rank's micro-batches as one batch, each collective's bytes, the gradients held between.
 
     bash launch/lesson3.sh --accum 4                       # no_sync on micro-batches 1..K-1
     bash launch/lesson3.sh --accum 4 --no-sync off         # reduce-scatter every micro-batch
     bash launch/lesson3.sh --accum 4 --bug no-sync-last    # the pitfall: no_sync on all K
     bash launch/lesson3.sh --accum 4 --api fsdp1,fsdp2     # FSDP2's set_requires_gradient_sync
     bash launch/lesson3.sh --accum 1,2,4,8 --no-sync on,off --steps 2   # a sweep, one launch
+    bash launch/lesson3.sh --accum 4 --last-batch-size 1   # a short last micro-batch
     bash launch/lesson3.sh --accum 4 --loop-file my_loop.py   # your accumulate(), checked
 """
 
-import copy
 import functools
-import importlib.util
 import time
 import warnings
 from contextlib import nullcontext
@@ -35,29 +32,28 @@ from fsdp_course.data import load_data
 from fsdp_course.dist import CourseError, distributed, mean_over_ranks
 from fsdp_course.measure import MiB, CommCounter, state_bytes
 from fsdp_course.model import GPT, Block, lm_loss
-from fsdp_course.report import MetricLogger, table, write_metrics
-
-APIS = ("fsdp1", "fsdp2")
-BUGS = ("none", "no-sync-last")
+from fsdp_course.report import MetricLogger, write_metrics
+from lesson3_plumbing import Apis, Counts, Switches, load_loop, print_check, print_header, print_summary
 
 
 @dataclass
 class Config(TrainConfig):
-    accum: str = field(default="4", metadata={
-        "help": "micro-batches per optimizer step (K); several separated by commas"})
-    no_sync: str = field(default="on", metadata={
-        "help": "on: skip gradient sync on all but the last micro-batch; off: sync every one; on,off: both"})
-    api: str = field(default="fsdp1", metadata={
+    accum: Counts = field(default=Counts("4"), metadata={
+        "help": "micro-batches per optimizer step (K): " + Counts.expected})
+    no_sync: Switches = field(default=Switches("on"), metadata={
+        "help": "on: no gradient sync but on the last micro-batch; off: sync every one; on,off: both"})
+    api: Apis = field(default=Apis("fsdp1"), metadata={
         "help": "fsdp1 (FullyShardedDataParallel + no_sync), fsdp2 (fully_shard + "
                 "set_requires_gradient_sync), or fsdp1,fsdp2"})
     bug: str = field(default="none", metadata={
-        "choices": BUGS, "help": "no-sync-last: skip the sync on the last micro-batch too"})
+        "choices": ("none", "no-sync-last"), "help": "no-sync-last: no sync on the last micro-batch too"})
     loop_file: str | None = field(default=None, metadata={
         "help": "a .py file defining accumulate(model, micro_batches, loss_fn): used instead of ours"})
-    tolerance: float = field(default=1e-5, metadata={
-        "help": "gradients equal when max|g - g_ref| <= tolerance * max|g_ref|"})
+    tolerance: float = field(default=1e-5, metadata={"help": "equal: max|g - g_ref| <= this * max|g_ref|"})
     steps: int = field(default=10, metadata={"help": "optimizer steps"})
     batch_size: int = field(default=8, metadata={"help": "sequences per rank per micro-batch"})
+    last_batch_size: int = field(default=0, metadata={
+        "help": "sequences per rank in the last micro-batch of a step (0: --batch-size)"})
 
 
 def accumulate(model, micro_batches, loss_fn, no_sync=True, bug="none"):
@@ -82,33 +78,14 @@ def accumulate(model, micro_batches, loss_fn, no_sync=True, bug="none"):
     return total
 
 
-def load_loop(path: str):
-    spec = importlib.util.spec_from_file_location("learner_loop", path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except FileNotFoundError:
-        raise CourseError(f"--loop-file {path}: no such file") from None
-    if not callable(getattr(module, "accumulate", None)):
-        raise CourseError(f"--loop-file {path}: defines no function accumulate(model, micro_batches, loss_fn)")
-    return module.accumulate
-
-
-def big_batch_reference(model, accum: int, cfg: Config, env, data):
-    """One process, no FSDP: the gradient of step 0's K x N micro-batches as one big batch."""
-    reference = copy.deepcopy(model).to(env.device)
-    for i in range(accum):
-        x, y = data.batch(i, 0, 1, cfg.batch_size * env.world_size, cfg.seq_len, env.device)
-        (lm_loss(reference(x), y) / accum).backward()
-    return reference
-
-
 def train(cfg: Config, api: str, accum: int, no_sync: bool, env, data, loop, references) -> dict:
     # --- model: the same initial weights on every rank (and in the reference) ---------------
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model_config(data.vocab_size)).to(env.device)
+    sizes = [cfg.batch_size] * (accum - 1) + [cfg.last_batch_size or cfg.batch_size]
     if accum not in references:  # every run starts from the same weights: compute it once per K
-        references[accum] = big_batch_reference(model, accum, cfg, env, data)
+        references[accum] = accumulation.big_batch_reference(model, [  # every rank's rows of step 0
+            data.batch(i, 0, 1, n * env.world_size, cfg.seq_len, env.device) for i, n in enumerate(sizes)])
     num_params = sum(p.numel() for p in model.parameters())
     padded = (theory.accumulation.fsdp1_padded_numel(theory.fsdp_unit_numels(model, Block), env.world_size)
               if api == "fsdp1" else theory.accumulation.fsdp2_padded_numel(model, env.world_size))
@@ -136,16 +113,12 @@ def train(cfg: Config, api: str, accum: int, no_sync: bool, env, data, loop, ref
         return lm_loss(logits, targets)
 
     # --- loop -------------------------------------------------------------------------------
-    skip = "no_sync()" if api == "fsdp1" else "gradient sync off"
-    which = "all" if cfg.bug != "none" else "all but the last of"
-    env.print0(f"\n== {api}, K={accum}: " + (f"{skip} on {which} {accum} micro-batches" if no_sync
-               else "sync on every micro-batch") + (", your accumulate()" if cfg.loop_file else "") + " ==")
+    print_header(env, api, accum, no_sync, cfg.bug, cfg.loop_file)
     logger = MetricLogger(env, cfg.log_every)
-    result = {"api": api, "accum": accum, "no_sync": no_sync, "bug": cfg.bug, "num_params": num_params,
-              "padded_numel": padded, "step_error": None}
+    step_error = None
     for step in range(cfg.steps):
-        micro_batches = [data.batch(step * accum + i, env.rank, env.world_size, cfg.batch_size,
-                                    cfg.seq_len, env.device) for i in range(accum)]
+        micro_batches = [data.batch(step * accum + i, env.rank, env.world_size, n, cfg.seq_len, env.device)
+                         for i, n in enumerate(sizes)]
         start = time.perf_counter()
         with CommCounter() as comm:
             loss = loop(model, micro_batches, loss_fn)
@@ -164,7 +137,7 @@ def train(cfg: Config, api: str, accum: int, no_sync: bool, env, data, loop, ref
                 raise
             # Classic FSDP + the bug: the gradient never got reduce-scattered, so it is the
             # unsharded size while the parameter (and Adam's state) is this rank's shard.
-            result["step_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+            step_error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
         if step == 0:
             check["step_changed_params"] = any(
                 not torch.equal(b, p.detach()) for b, p in zip(before, model.parameters()))
@@ -172,50 +145,32 @@ def train(cfg: Config, api: str, accum: int, no_sync: bool, env, data, loop, ref
         ms += (time.perf_counter() - start) * 1e3
         state = state_bytes(model, optimizer)
         peak = state["params"] + state["optimizer"] + max(sum(held_between.values()), sum(grads.values()))
-        loss = loss if torch.is_tensor(loss) else torch.tensor(float(loss or 0.0))
-        logger.log(step, mean_over_ranks(loss.to(env.device)), ms, peak / MiB,
-                   comm.total_bytes / MiB, last=step == cfg.steps - 1 or result["step_error"] is not None)
-        if result["step_error"]:
+        loss = torch.as_tensor(loss or 0.0, device=env.device).float()  # a learner's loop may return None
+        logger.log(step, mean_over_ranks(loss), ms, peak / MiB, comm.total_bytes / MiB,
+                   last=step == cfg.steps - 1 or step_error is not None)
+        if step_error:
             break
 
     # --- report: every rank's gradient check and memory; bytes against theory ----------------
-    mine = {"rank": env.rank, **check, "held_between": dict(held_between), "held_after": grads,
-            "step_error": result["step_error"]}
     per_rank = [None] * env.world_size
-    dist.all_gather_object(per_rank, mine)
+    dist.all_gather_object(per_rank, {"rank": env.rank, **check, "held_between": dict(held_between),
+                                      "held_after": grads, "step_error": step_error})
     summary = comm.summary()
-    result.update({
-        "ranks": per_rank,
-        "grads_equal": all(r["equal"] for r in per_rank),
-        "collectives": summary,
+    result = {
+        "api": api, "accum": accum, "no_sync": no_sync, "bug": cfg.bug, "num_params": num_params,
+        "padded_numel": padded, "micro_batch_sizes": sizes, "step_error": step_error,
+        "ranks": per_rank, "grads_equal": all(r["equal"] for r in per_rank), "collectives": summary,
         "reduce_bytes": summary.get("reduce_scatter", {}).get("bytes", 0),
         "reduce_bytes_theory": theory.accumulation.reduce_bytes_per_step(padded, accum, no_sync),
         "gather_bytes": summary.get("all_gather", {}).get("bytes", 0),
         "held_between_unsharded": max(r["held_between"]["unsharded"] for r in per_rank),
         "held_between_sharded": max(r["held_between"]["sharded"] for r in per_rank),
-        "held_theory": theory.accumulation.held_grad_bytes_theory(num_params, padded, env.world_size, no_sync)
-        if accum > 1 else 0,
+        "held_theory": theory.accumulation.held_grad_bytes_theory(num_params, padded, env.world_size,
+                                                                  no_sync) if accum > 1 else 0,
         "loss_first": logger.history[0]["loss"], "loss_last": logger.history[-1]["loss"],
         "history": logger.history,
-    })
-    tol = f"{cfg.tolerance:g}"
-    env.print0(f"step-0 gradient vs one process on the same {accum * env.world_size} micro-batches "
-               f"as one batch (equal: rel err <= {tol}):")
-    env.print0(table([{"rank": r["rank"], "grad after K": r["held"], "rel err": r["rel_err"],
-                       "scale": round(r["scale"], 4), "equal": "yes" if r["equal"] else "NO",
-                       "step moved params": "yes" if r["step_changed_params"] else "NO",
-                       "grad MiB between micro-batches": round(
-                           (r["held_between"]["sharded"] + r["held_between"]["unsharded"]) / MiB, 3)}
-                      for r in per_rank]))
-    if result["step_error"]:
-        env.print0(f"optimizer.step() failed on every rank: {result['step_error']}\n"
-                   "  -> no reduce-scatter ever ran: each rank's gradient still has the flat "
-                   "parameter's full length (b) while the parameter is the rank's shard (a), and "
-                   "it holds only that rank's own micro-batches (rel err above, a different one on "
-                   "each rank). AdamW had applied its weight decay before failing.")
-    elif cfg.bug != "none":
-        env.print0("no error, and yet: no parameter has a .grad (the unsharded gradients were never "
-                   "reduce-scattered), so optimizer.step() changed nothing, at every step.")
+    }
+    print_check(env, result, sizes, cfg.tolerance)
     return result
 
 
@@ -223,45 +178,28 @@ def main() -> None:
     cfg = parse_config(Config, __doc__)
     with distributed(seed=cfg.seed) as env:
         # --- setup ---------------------------------------------------------------------------
-        apis = [a.strip().lower() for a in cfg.api.split(",") if a.strip()]
-        modes = [m.strip().lower() for m in cfg.no_sync.split(",") if m.strip()]
-        try:
-            accums = [int(k) for k in cfg.accum.split(",") if k.strip()]
-        except ValueError:
-            raise CourseError(f"--accum {cfg.accum}: give whole numbers, e.g. 4 or 1,2,4,8") from None
-        if not apis or any(a not in APIS for a in apis):
-            raise CourseError(f"--api {cfg.api}: choose from {', '.join(APIS)}")
-        if not modes or any(m not in ("on", "off") for m in modes):
-            raise CourseError(f"--no-sync {cfg.no_sync}: on, off, or on,off")
-        if not accums or min(accums) < 1:
-            raise CourseError(f"--accum {cfg.accum}: K must be 1 or more")
-        if cfg.bug != "none" and modes != ["on"]:
+        if cfg.last_batch_size < 0:
+            raise CourseError(f"--last-batch-size {cfg.last_batch_size}: 0 (as --batch-size) or more")
+        if cfg.bug != "none" and tuple(cfg.no_sync) != (True,):
             raise CourseError("--bug no-sync-last is about no_sync: leave --no-sync on")
-        if cfg.bug != "none" and cfg.loop_file:
-            raise CourseError("--bug and --loop-file do not mix: your loop decides where to sync")
-        if cfg.loop_file and apis != ["fsdp1"]:
-            raise CourseError("--loop-file: the exercise is written for classic FSDP (--api fsdp1)")
+        if cfg.loop_file and (cfg.bug != "none" or tuple(cfg.api) != ("fsdp1",)):
+            raise CourseError("--loop-file: the exercise is written for classic FSDP (--api fsdp1), "
+                              "and your loop decides where to sync (no --bug)")
         learner = load_loop(cfg.loop_file) if cfg.loop_file else None
-        env.print0(f"lesson 3 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
+        env.print0(f"lesson 3 | {env.world_size} ranks | {env.backend} on {env.device.type} | "
+                   f"{describe(cfg)}")
         data = load_data(cfg.data, seed=cfg.seed)
-
         # FSDP2 warns that the model returns a view; lm_loss never modifies it in place.
         warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
+
         runs, references = [], {}
-        for api in apis:
-            for no_sync in (m == "on" for m in modes):
-                for accum in accums:
+        for api in cfg.api:
+            for no_sync in cfg.no_sync:
+                for accum in cfg.accum:
                     loop = learner or functools.partial(accumulate, no_sync=no_sync, bug=cfg.bug)
                     runs.append(train(cfg, api, accum, no_sync, env, data, loop, references))
 
-        env.print0("\nper optimizer step (payload bytes; theory: fsdp_course.accumulation):")
-        env.print0(table([{"api": r["api"], "K": r["accum"], "no_sync": "on" if r["no_sync"] else "off",
-                           "reduce_scatter": r["reduce_bytes"], "theory": r["reduce_bytes_theory"],
-                           "all_gather": r["gather_bytes"],
-                           "grads held MiB/rank": round((r["held_between_unsharded"]
-                                                         + r["held_between_sharded"]) / MiB, 3),
-                           "theory MiB": round(r["held_theory"] / MiB, 3),
-                           "grads equal": "yes" if r["grads_equal"] else "NO"} for r in runs]))
+        print_summary(env, runs)
         write_metrics(cfg.metrics, "lesson3", env, cfg, runs[-1]["history"], {"runs": runs})
 
 

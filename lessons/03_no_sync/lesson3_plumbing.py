@@ -1,0 +1,115 @@
+"""What lesson 3's script needs and is not about: its list flags (parsed once, by the config),
+loading a learner's loop file, and the tables it prints.
+
+A list flag is a type argparse calls on the text: ``--accum 1,2,4`` arrives in the config as
+``Counts((1, 2, 4))``, already checked; a bad value is argparse's one-line error (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+
+from fsdp_course.dist import CourseError
+from fsdp_course.measure import MiB
+from fsdp_course.report import table
+
+APIS = ("fsdp1", "fsdp2")
+
+
+class _List(tuple):
+    """Comma-separated values, each parsed by ``item`` (subclasses), kept in order."""
+
+    def __new__(cls, text=()):
+        if not isinstance(text, str):  # values already parsed (dataclasses.asdict copies them)
+            return super().__new__(cls, text)
+        try:
+            values = tuple(cls.item(v.strip().lower()) for v in text.split(",") if v.strip())
+        except (KeyError, ValueError):
+            values = ()
+        if not values:
+            raise argparse.ArgumentTypeError(f"{text!r}: {cls.expected}")
+        return super().__new__(cls, values)
+
+    def __str__(self) -> str:
+        return ",".join(map(self.show, self))
+
+    show = str
+
+
+def _count(text: str) -> int:
+    if int(text) < 1:
+        raise ValueError(text)
+    return int(text)
+
+
+class Counts(_List):
+    expected = "whole numbers of 1 or more, e.g. 4 or 1,2,4,8"
+    item = staticmethod(_count)
+
+
+class Switches(_List):
+    expected = "on, off, or on,off"
+    item = staticmethod(lambda text: {"on": True, "off": False}[text])
+    show = staticmethod(lambda value: "on" if value else "off")
+
+
+class Apis(_List):
+    expected = f"{', '.join(APIS)}, or both separated by a comma"
+    item = staticmethod(lambda text: APIS[APIS.index(text)])
+
+
+def load_loop(path: str):
+    """``accumulate`` from a learner's ``--loop-file``."""
+    spec = importlib.util.spec_from_file_location("learner_loop", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except FileNotFoundError:
+        raise CourseError(f"--loop-file {path}: no such file") from None
+    if not callable(getattr(module, "accumulate", None)):
+        raise CourseError(f"--loop-file {path}: defines no function "
+                          "accumulate(model, micro_batches, loss_fn)")
+    return module.accumulate
+
+
+def print_header(env, api: str, accum: int, no_sync: bool, bug: str, loop_file: str | None) -> None:
+    skip = "no_sync()" if api == "fsdp1" else "gradient sync off"
+    which = "all" if bug != "none" else "all but the last of"
+    what = f"{skip} on {which} {accum} micro-batches" if no_sync else "sync on every micro-batch"
+    env.print0(f"\n== {api}, K={accum}: {what}{', your accumulate()' if loop_file else ''} ==")
+
+
+def held_mib(held: dict) -> float:
+    return round((held["sharded"] + held["unsharded"]) / MiB, 3)
+
+
+def print_check(env, result: dict, sizes: list[int], tolerance: float) -> None:
+    """Every rank's step-0 gradient against the big batch, and what the bug did."""
+    env.print0(f"step-0 gradient vs one process on the same micro-batches ({' + '.join(map(str, sizes))} "
+               f"sequences per rank) as one batch (equal: rel err <= {tolerance:g}):")
+    env.print0(table([{"rank": r["rank"], "grad after K": r["held"], "rel err": r["rel_err"],
+                       "scale": round(r["scale"], 4), "equal": "yes" if r["equal"] else "NO",
+                       "step moved params": "yes" if r["step_changed_params"] else "NO",
+                       "grad MiB between micro-batches": held_mib(r["held_between"])}
+                      for r in result["ranks"]]))
+    if result["step_error"]:
+        env.print0(f"optimizer.step() failed on every rank: {result['step_error']}\n"
+                   "  -> no reduce-scatter ever ran: each rank's gradient still has the flat "
+                   "parameter's full length (b) while the parameter is the rank's shard (a), and "
+                   "it holds only that rank's own micro-batches (rel err above, a different one on "
+                   "each rank). AdamW had applied its weight decay before failing.")
+    elif result["bug"] != "none":
+        env.print0("no error, and yet: no parameter has a .grad (the unsharded gradients were never "
+                   "reduce-scattered), so optimizer.step() changed nothing, at every step.")
+
+
+def print_summary(env, runs: list[dict]) -> None:
+    env.print0("\nper optimizer step (payload bytes; theory: fsdp_course.theory.accumulation):")
+    env.print0(table([{"api": r["api"], "K": r["accum"], "no_sync": Switches.show(r["no_sync"]),
+                       "reduce_scatter": r["reduce_bytes"], "theory": r["reduce_bytes_theory"],
+                       "all_gather": r["gather_bytes"],
+                       "grads held MiB/rank": round((r["held_between_unsharded"]
+                                                     + r["held_between_sharded"]) / MiB, 3),
+                       "theory MiB": round(r["held_theory"] / MiB, 3),
+                       "grads equal": "yes" if r["grads_equal"] else "NO"} for r in runs]))
