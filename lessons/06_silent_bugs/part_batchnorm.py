@@ -7,6 +7,7 @@ rank to rank. Each variant is trained with FSDP2 and compared with that single-p
 
 from __future__ import annotations
 
+import argparse
 import warnings
 
 import torch
@@ -31,15 +32,14 @@ NORM_OF = {"batchnorm": "batchnorm", "ddp": "batchnorm", "syncbn": "batchnorm", 
            "layernorm": "layernorm", "groupnorm": "groupnorm"}
 
 
-def parse_sizes(text: str) -> list[int]:
-    from fsdp_course.dist import CourseError
-
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """--bn-batch-sizes "2,8,32" -> (2, 8, 32); each at least 2."""
     try:
-        sizes = [int(s) for s in text.split(",") if s.strip()]
+        sizes = tuple(int(s) for s in text.split(",") if s.strip())
     except ValueError:
-        raise CourseError(f"--bn-batch-sizes {text}: comma-separated whole numbers, e.g. 2,8,32") from None
+        raise argparse.ArgumentTypeError(f"{text}: comma-separated whole numbers, e.g. 2,8,32") from None
     if any(s < 2 for s in sizes):  # BatchNorm in training needs 2 samples to have a variance
-        raise CourseError(f"--bn-batch-sizes {text}: each size must be 2 or more")
+        raise argparse.ArgumentTypeError(f"{text}: each size must be 2 or more")
     return sizes
 
 

@@ -11,6 +11,7 @@ Each variant trains RotaryRegressor and is compared with one fp32 process on the
 
 from __future__ import annotations
 
+import argparse
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from detect import DtypeProbe
-from fsdp_course.dist import CourseError, mean_over_ranks
+from fsdp_course.dist import mean_over_ranks
 from fsdp_course.measure import CommCounter, local_tensor
 from fsdp_course.report import table
 from nets import MAX_POSITION, RotaryRegressor, mse, positions_batch
@@ -48,25 +49,27 @@ class Spec:
 
 
 def parse_spec(text: str) -> Spec:
-    bad = (f"--precision {text}: expected API:PARAM/REDUCE[/BUFFER][+MOD...], API fsdp2|classic, "
+    bad = (f"{text}: expected API:PARAM/REDUCE[/BUFFER][+MOD...], API fsdp2|classic, "
            f"dtypes {'|'.join(DTYPES)}, MOD {'|'.join(MODS)} (e.g. classic:bf16/fp32/fp32+scaler)")
     api, _, rest = text.partition(":")
     dtypes, *mods = rest.split("+")
     names = dtypes.split("/")
     if api not in ("fsdp2", "classic") or not 2 <= len(names) <= 3 or any(n not in DTYPES for n in names) \
             or any(m not in MODS for m in mods):
-        raise CourseError(bad)
+        raise argparse.ArgumentTypeError(bad)
     if api == "fsdp2" and len(names) == 3:
-        raise CourseError(f"--precision {text}: FSDP2's MixedPrecisionPolicy has no buffer dtype "
-                          "(FSDP2 leaves buffers as they are); give PARAM/REDUCE")
+        raise argparse.ArgumentTypeError(f"{text}: FSDP2's MixedPrecisionPolicy has no buffer dtype "
+                                         "(FSDP2 leaves buffers as they are); give PARAM/REDUCE")
     return Spec(text, api, DTYPES[names[0]], DTYPES[names[1]],
                 DTYPES[names[2]] if len(names) == 3 else None, tuple(mods))
 
 
-def parse_specs(text: str, global_batch: int, world_size: int) -> list[Spec]:
-    if global_batch % world_size:
-        raise CourseError(f"--global-batch {global_batch} does not split over {world_size} ranks")
-    return [parse_spec(item.strip()) for item in text.split(",") if item.strip()]
+def parse_specs(text: str) -> tuple[str, ...]:
+    """--precision "a,b" -> ("a", "b"), each checked (the config keeps the names; main builds Specs)."""
+    labels = tuple(item.strip() for item in text.split(",") if item.strip())
+    for label in labels:
+        parse_spec(label)
+    return labels
 
 
 def build(spec: Spec, cfg, env) -> nn.Module:

@@ -15,6 +15,7 @@ variants of the chosen parts run in one launch (each torchrun start costs second
     torchrun --standalone --nproc-per-node=2 lessons/06_silent_bugs/train.py   # the same
 """
 
+import argparse
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,17 @@ def list_help(kind: str, choices) -> str:
     return f"{kind}: comma-separated, from {', '.join(choices)}"
 
 
+def names_from(choices):
+    """The parser of a list flag: "a,b" -> ("a", "b"), each checked against ``choices``."""
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(name.strip() for name in text.split(",") if name.strip())
+        for name in names:
+            if name not in choices:
+                raise argparse.ArgumentTypeError(f"{name}: choose from {', '.join(choices)}")
+        return names
+    return parse
+
+
 @dataclass
 class Config(TrainConfig):
     steps: int = field(default=6, metadata={"help": "optimizer steps per variant"})
@@ -47,15 +59,18 @@ class Config(TrainConfig):
     n_layers: int = field(default=2, metadata={"help": "part A's GPT blocks"})
     seq_len: int = field(default=32, metadata={"help": "part A's tokens per sequence"})
     log_every: int = field(default=100, metadata={"help": "print a metric line every N steps"})
-    parts: str = field(default=",".join(PARTS), metadata={"help": list_help("parts to run", PARTS)})
-    init: str = field(default=",".join(part_init.INIT_VARIANTS),
-                      metadata={"help": list_help("part A variants", part_init.INIT_VARIANTS)})
-    bn: str = field(default=",".join(part_batchnorm.BN_VARIANTS),
-                    metadata={"help": list_help("part B variants", part_batchnorm.BN_VARIANTS)})
+    parts: tuple = field(default=PARTS, metadata={
+        "parse": names_from(PARTS), "help": list_help("parts to run", PARTS)})
+    init: tuple = field(default=part_init.INIT_VARIANTS, metadata={
+        "parse": names_from(part_init.INIT_VARIANTS), "help": list_help("part A variants", part_init.INIT_VARIANTS)})
+    bn: tuple = field(default=part_batchnorm.BN_VARIANTS, metadata={
+        "parse": names_from(part_batchnorm.BN_VARIANTS), "help": list_help("part B variants", part_batchnorm.BN_VARIANTS)})
     bn_batch: int = field(default=8, metadata={"help": "part B: samples per rank per step"})
-    bn_batch_sizes: str = field(default="2,4,8,16,32", metadata={
+    bn_batch_sizes: tuple = field(default=(2, 4, 8, 16, 32), metadata={
+        "parse": part_batchnorm.parse_sizes,
         "help": "part B: per-rank batch sizes of the error sweep (one plain-BatchNorm step each)"})
-    precision: str = field(default=",".join(part_precision.DEFAULT_SPECS), metadata={
+    precision: tuple = field(default=part_precision.DEFAULT_SPECS, metadata={
+        "parse": part_precision.parse_specs,
         "help": "part C: comma-separated API:PARAM/REDUCE[/BUFFER][+MOD...], API fsdp2|classic, "
                 "dtypes fp32|bf16|fp16, BUFFER classic only, MOD scaler|nocast|unit "
                 "(a GradScaler; features not cast: the dtype-mismatch bug; the MLP its own unit)"})
@@ -67,25 +82,16 @@ class Config(TrainConfig):
                 "(default: mystery_loop.py, the loop with the bug)"})
 
 
-def split(text: str, choices, flag: str) -> list[str]:
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    for item in items:
-        if item not in choices:
-            raise CourseError(f"--{flag} {item}: choose from {', '.join(choices)}")
-    return items
-
-
 def main() -> None:
     cfg = parse_config(Config, __doc__)
     with distributed(seed=cfg.seed) as env:
-        # --- setup: every flag checked before anything runs ------------------------------------
-        parts = split(cfg.parts, PARTS, "parts")
-        inits = split(cfg.init, part_init.INIT_VARIANTS, "init") if "init" in parts else []
-        bns = split(cfg.bn, part_batchnorm.BN_VARIANTS, "bn") if "batchnorm" in parts else []
-        sweep = part_batchnorm.parse_sizes(cfg.bn_batch_sizes) if "batchnorm" in parts else []
-        specs = part_precision.parse_specs(cfg.precision, cfg.global_batch, env.world_size) \
-            if "precision" in parts else []
-        loop = exercise_run.load(cfg.exercise or HERE / "mystery_loop.py") if "exercise" in parts else None
+        # --- setup: the flags were checked by the config; what needs the world size, here ------
+        inits = cfg.init if "init" in cfg.parts else ()
+        bns, sweep = (cfg.bn, cfg.bn_batch_sizes) if "batchnorm" in cfg.parts else ((), ())
+        specs = [part_precision.parse_spec(s) for s in cfg.precision] if "precision" in cfg.parts else []
+        if specs and cfg.global_batch % env.world_size:
+            raise CourseError(f"--global-batch {cfg.global_batch} does not split over {env.world_size} ranks")
+        loop = exercise_run.load(cfg.exercise or HERE / "mystery_loop.py") if "exercise" in cfg.parts else None
         env.print0(f"lesson 6 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
         results = {}
 
