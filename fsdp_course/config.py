@@ -84,8 +84,10 @@ def parse_config(cls, doc: str | None = None, argv: list[str] | None = None):
 
 
 def describe(cfg) -> str:
-    """The config on one line, echoed once by rank 0."""
-    return " ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items())
+    """The config on one line, echoed once by rank 0 (a list flag as it is typed: a,b)."""
+    def shown(value):
+        return ",".join(map(str, value)) if isinstance(value, (tuple, list)) else value
+    return " ".join(f"{k}={shown(v)}" for k, v in dataclasses.asdict(cfg).items())
 
 
 @dataclasses.dataclass

@@ -66,9 +66,10 @@ def check_exercise(lesson, qid: str, learner_fn, **context) -> Result:
     checker = registered_checker(bank.lesson, qid)
     try:
         outcome = checker(learner_fn, **context)
-    except NotImplementedError:
-        message = (f"not attempted yet: {qid} (replace the `raise NotImplementedError` in the "
-                   "exercise cell with your code, then run this cell again)")
+    except NotImplementedError as exc:
+        how = str(exc).strip() or ("replace the `raise NotImplementedError` in the exercise "
+                                   "cell with your code, then run this cell again")
+        message = f"not attempted yet: {qid} ({how})"
         print(message)
         return Result(False, 0.0, message, {}, bank.lesson, qid, attempted=False, printed=True)
     except Exception as exc:  # the learner's bug (or the checker's): one line, never a wall

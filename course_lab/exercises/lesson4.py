@@ -38,7 +38,7 @@ def module_source(save, load) -> str:
             raise TypeError(f"{name} must be a function (path, model, optimizer)")
         source = textwrap.dedent(inspect.getsource(fn))
         if "raise NotImplementedError" in source:
-            raise NotImplementedError(name)
+            raise NotImplementedError(f"write {name}() in the exercise cell, then run this cell again")
         parts.append(source if fn.__name__ == name else f"{source}\n{name} = {fn.__name__}\n")
     return HEADER + "\n\n" + "\n\n".join(parts)
 

@@ -5,12 +5,15 @@ the same code. One module per topic, each formula with its derivation in its doc
 - ``wrapping``      lesson 2: the all-gather peak and collective calls per wrap policy
 - ``accumulation``  lesson 3: what ``no_sync`` saves and what it costs
 - ``fsdp2``         lesson 5: ``fully_shard``'s per-parameter shards and collectives
+- ``precision``     lesson 6: dtypes' precision, bytes per collective in each precision
+- ``memory``        lesson 7: the memory planner's per-rank bytes by category (ZeRO too)
+- ``hsdp``          lesson 8: HSDP's bytes within and between nodes
 
 ``from fsdp_course import theory`` gives the sharding formulas directly
 (``theory.model_state_bytes``); the other topics are ``theory.wrapping`` and so on.
 """
 
-from fsdp_course.theory import accumulation, fsdp2, wrapping  # noqa: F401
+from fsdp_course.theory import accumulation, fsdp2, hsdp, memory, precision, wrapping  # noqa: F401
 from fsdp_course.theory.sharding import (ADAM_STATE_SLOTS, STRATEGIES, collective_bytes,
                                          ddp_state_bytes, fsdp_unit_numels,
                                          gathered_peak_bytes, model_state_bytes, padded,
@@ -18,6 +21,6 @@ from fsdp_course.theory.sharding import (ADAM_STATE_SLOTS, STRATEGIES, collectiv
 
 __all__ = [
     "ADAM_STATE_SLOTS", "STRATEGIES", "accumulation", "collective_bytes", "ddp_state_bytes",
-    "fsdp2", "fsdp_unit_numels", "gathered_peak_bytes", "model_state_bytes", "padded",
-    "ring_sent_bytes", "shard_group_size", "shard_numel", "wrapping",
+    "fsdp2", "fsdp_unit_numels", "gathered_peak_bytes", "hsdp", "memory", "model_state_bytes",
+    "padded", "precision", "ring_sent_bytes", "shard_group_size", "shard_numel", "wrapping",
 ]
