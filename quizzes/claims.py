@@ -43,7 +43,7 @@ _NOT_NEG_ZH = re.compile(r"不同|不仅|不只|不但|不过|不断|不管|不�
                          f"[{CJK}]不[下了动到起出进上完够]")  # 放不下: a complement, read after the verb
 
 # A clause "carries a verb" when it is a statement, not a keyword list.
-_VERBS = """add allocate allow apply ask assign avoid become begin break bring build call cause change
+_VERBS = """add allocate cross travel allow apply ask assign avoid become begin break bring build call cause change
 materialize materialise exceed explode crash deadlock communicate accumulate synchronize synchronise
 pickle serialize serialise broadcast collect concatenate combine duplicate replicate partition
 distribute spread reach wait finish participate involve matter affect lower raise double halve
