@@ -6,7 +6,7 @@ for every FSDP unit of this rank:
     held            its all-gathered (unsharded) flat parameter is allocated: from the moment its
                     storage appears until FSDP frees it (storage resized to zero)
     all_gather      the collective that fills it: from the operator's call until the next thing
-                    the rank does (on gloo the call returns once the data has arrived)
+                    the rank does (FSDP waits for the data before it goes on)
     forward         the unit is the innermost unit running: its module's code and FSDP's work
     backward        around it (time in a nested unit belongs to that unit; collectives are cut
                     out and recorded on their own)
@@ -17,6 +17,8 @@ dispatch mode that sees every operator (collectives included) and, around each o
 gathered buffers are allocated. ``tl.events`` is a list of ``{"unit", "what", "start", "end",
 "bytes"}`` in milliseconds since the ``with`` began; ``phase("forward")`` marks step phases
 (unit ``"(step)"``). ``held_peak(events)`` recomputes the all-gather peak from the events alone.
+Times are those of the rank's CPU thread: on CPU ranks, when the work ran; on a GPU, when the
+thread queued it (the GPU runs it later, on its own streams).
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
-import torch
 import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -53,7 +54,7 @@ class StepTimeline(TorchDispatchMode):
                       if isinstance(module, FSDP) and module._handle is not None}
         self.events: list[dict] = []
         self._held: dict[str, dict] = {}     # unit -> its open "held" event
-        self._stack: list[list] = []         # [unit, phase, open event or None], top computes
+        self._stack: list[list] = []         # [unit, phase, its current event]; the top computes
         self._open_collective: dict | None = None
         self._last_grad_ready: str | None = None
         self._hooks = []

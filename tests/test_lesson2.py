@@ -94,6 +94,9 @@ def test_unit_counts(n2):
         "none": 1, "transformer": 5, "size": 5, "size:20000": 13, "custom": 7}
     assert [u["wraps"] for u in n2["transformer"]["units"][1:]] == ["Block"] * 4
     assert [u["wraps"] for u in n2["size"]["units"][1:]] == ["MLP"] * 4
+    # the quiz cites these as measured in lesson 2 (q_all_gather_calls, q_tiny_units)
+    assert n2["transformer"]["collectives"]["all_gather"]["calls"] == 9
+    assert n2["size:20000"]["collectives"]["all_gather"]["calls"] == 25
 
 
 def test_no_policy_gathers_the_whole_model(n2):
@@ -117,6 +120,9 @@ def test_memory_against_traffic(n2):
     assert round(gathered["none"], 2) == 1.00 and round(gathered["custom"], 2) == 2.00
     assert all(1 <= x < 2 for x in gathered.values())
     assert gathered["none"] < gathered["size"] < gathered["transformer"] < gathered["custom"]
+    # the quiz cites these as measured in lesson 2 (q_tiny_units, q_policy_traffic)
+    assert (round(gathered["transformer"], 2), round(gathered["size:20000"], 2)) == (1.98, 1.90)
+    assert n2["custom"]["units"][0]["numel"] == 3739
     assert n2["none"]["gathered_peak"] > n2["size"]["gathered_peak"] > n2["transformer"]["gathered_peak"]
     for r in n2.values():
         assert round(r["collectives"]["reduce_scatter"]["bytes"] / param_bytes, 3) == 1.0

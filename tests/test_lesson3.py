@@ -156,6 +156,9 @@ def test_no_sync_last_bug_is_caught_and_explained():
     fsdp1, fsdp2 = runs[("fsdp1", 4, True)], runs[("fsdp2", 4, True)]
 
     assert "must match the size of tensor b" in fsdp1["step_error"]
+    # the quiz cites these as measured in lesson 3 (q_no_sync_last): the root unit's flat
+    # parameter, whole (b) and its shard on 2 ranks (a)
+    assert "tensor a (7694)" in fsdp1["step_error"] and "tensor b (15387)" in fsdp1["step_error"]
     assert "must match the size of tensor b" in out and "no reduce-scatter ever ran" in out
     assert not fsdp1["grads_equal"] and fsdp1["reduce_bytes"] == 0
     assert len(fsdp1["history"]) == 1  # the run stops at the failed step
