@@ -10,18 +10,17 @@
 """
 
 import re
-import shutil
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import FileSystemReader
 
-from fsdp_course.checkpoint import describe_tree, digest, list_files, tensor_bytes
+from fsdp_course.checkpoint import digest, list_files, tensor_bytes
 from fsdp_course.measure import CommCounter
 from fsdp_course.model import GPT
 from fsdp_course.report import table
-from state_dicts import build_as
+from state_dicts import build_as, fresh_dir
 
 
 def _one_line(exc: BaseException) -> str:
@@ -49,14 +48,6 @@ def _gather_rows(mine: dict, env) -> list[dict]:
     rows = [None] * env.world_size
     dist.all_gather_object(rows, mine)
     return rows
-
-
-def _fresh_dir(path: Path, env) -> Path:
-    if env.is_rank0:
-        shutil.rmtree(path, ignore_errors=True)
-        path.mkdir(parents=True)
-    dist.barrier()
-    return path
 
 
 def _save_per_rank(model, optimizer, path: Path, env) -> dict:
@@ -97,14 +88,14 @@ def _load_fsdp2_file(path: Path, plain: torch.nn.Module) -> list[dict]:
 
 
 def torch_save_pitfall(model, optimizer, env, out_dir) -> dict:
-    out_dir = _fresh_dir(Path(out_dir), env)
+    out_dir = fresh_dir(Path(out_dir), env)
     fsdp2_model, fsdp2_optimizer = build_as("FSDP2", model.module.cfg, optimizer.param_groups[0]["lr"], 0, env.device)
     # Classic FSDP's default state dict is FULL_STATE_DICT: it all-gathers every unit, so EVERY
     # rank must call it (a collective), and every rank ends up holding the full model.
     classic = _gather_rows(_save_per_rank(model, optimizer, out_dir / f"rank{env.rank}.pt", env), env)
     # FSDP2's state dict is its DTensor shards, gathered by nobody: each rank saves only its part.
     fsdp2 = _gather_rows(_save_per_rank(fsdp2_model, fsdp2_optimizer, out_dir / f"fsdp2_rank{env.rank}.pt", env), env)
-    result = {"classic": classic, "fsdp2": fsdp2, "model_rows": describe_tree(model.state_dict(), limit=4),
+    result = {"classic": classic, "fsdp2": fsdp2,
               "num_params": sum(p.numel() for p in GPT(model.module.cfg).parameters())}
     if env.is_rank0:
         plain = GPT(model.module.cfg)
@@ -133,7 +124,7 @@ def _rng_file(path: Path) -> str:
 def rng_dedup(model, optimizer, env, out_dir, save_fn, load_fn, build_fresh) -> dict:
     """save_fn / load_fn: the script's own; build_fresh(): a new model (another init). Reseeds:
     the caller keeps its own RNG state (torch.random.fork_rng)."""
-    out_dir = _fresh_dir(Path(out_dir), env)
+    out_dir = fresh_dir(Path(out_dir), env)
     rows, files = [], {}
     for case in ("same seed", "seed per rank"):
         if case == "seed per rank":
