@@ -115,7 +115,6 @@ def shape_from(args) -> tuple[memory.GPTShape, int]:
         scaled = memory.scaled_shape(args.params, layers=sizes["layers"] or 32,
                                      vocab=sizes["vocab"] or 32000, seq=sizes["seq"] or 2048)
         values = {**scaled.__dict__, **{k: v for k, v in sizes.items() if v}}
-        values["heads"] = sizes["heads"] or max(1, values["hidden"] // 128)
         batch = args.batch or 1
     else:
         raise PlanError("say which model: --model NAME, --params N, or --layers and --hidden")

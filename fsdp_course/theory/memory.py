@@ -45,6 +45,10 @@ PRECISIONS = {"fp32": 4, "bf16-mixed": 2}  # compute bytes per element
 OPTIMIZER_SLOTS = {"adamw": 2, "adam": 2, "sgd-momentum": 1, "sgd": 0}  # fp32 tensors per parameter
 ALLOWANCE_FRACTION = 0.10
 ALLOWANCE_MIN = 0  # bytes; a GPU adds its CUDA context (~0.5 GiB): pass reserve= to plan()
+# What a CPU rank's address space holds beyond its tensors (glibc's heap reserve, Python and
+# autograd objects): 12-13 MiB measured on lesson 7's 4-rank runs, which print it as "grew
+# by". The allowance of a run under an address-space limit is at least this much.
+CPU_RANK_RESERVE = 16 * 1024 ** 2
 GIB = 1024 ** 3
 
 
@@ -96,10 +100,11 @@ class GPTShape:
 def scaled_shape(num_params: float, layers: int = 32, hidden: int = 4096, heads: int = 32,
                  vocab: int = 32000, seq: int = 2048) -> GPTShape:
     """A GPT with about ``num_params`` parameters when only the count is known: the width
-    that gives it at ``layers`` blocks (P ~ 12 L h^2 + 2 V h), rounded to a multiple of 128."""
+    that gives it at ``layers`` blocks (P ~ 12 L h^2 + 2 V h), rounded to a multiple of
+    ``heads``."""
     a, b, c = 12 * layers, 2 * vocab + 13 * layers, -float(num_params)
     h = (-b + math.sqrt(b * b - 4 * a * c)) / (2 * a)
-    return GPTShape(vocab, seq, max(128, int(round(h / 128)) * 128), layers, heads)
+    return GPTShape(vocab, seq, max(heads, int(round(h / heads)) * heads), layers, heads)
 
 
 def checkpointed_blocks(layers: int, ac: str) -> list[int]:
@@ -148,6 +153,24 @@ def activation_bytes(shape: GPTShape, batch: int, e: int, checkpointed: list[int
     full, kept = block_activation_bytes(shape, batch, e), checkpointed_block_bytes(shape, batch, e)
     blocks = sum(kept if i in checkpointed else full for i in range(shape.layers))
     return blocks + root_activation_bytes(shape, batch, e)
+
+
+def recompute_time_fraction(shape: GPTShape, checkpointed: int) -> float:
+    """Time activation checkpointing adds, as a fraction of a step without it, counted in
+    matrix-multiply FLOPs (what dominates on GPUs):
+
+        forward of a block, per token   2 * 12 h^2 (the four Linears) + 2 * 2 s h (scores, and
+                                        their product with V)
+        forward of the model            L * block + 2 h V (the head)
+        a step                          forward + backward = 3 * forward (backward ~ 2x)
+        added                           c checkpointed blocks forwarded once more:
+                                        c * block / (3 * model)
+
+    Full checkpointing of a model made of blocks costs about a third more.
+    """
+    block = 2 * 12 * shape.hidden ** 2 + 4 * shape.seq * shape.hidden
+    model = shape.layers * block + 2 * shape.hidden * shape.vocab
+    return checkpointed * block / (3 * model)
 
 
 def working_bytes(shape: GPTShape, batch: int, e: int) -> int:

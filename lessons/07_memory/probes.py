@@ -86,8 +86,12 @@ class StepMemory:
     """Track one training step: ``with StepMemory(model, optimizer, api) as mem: ...``, calling
     ``mem.mark("forward")`` / ``("backward")`` / ``("step")`` as the step passes them."""
 
-    def __init__(self, model: nn.Module, optimizer, api: str, ddp_buckets=(), enabled: bool = True):
+    def __init__(self, model: nn.Module, optimizer, api: str, ddp_buckets=(), enabled: bool = True,
+                 vm_base: int | None = None):
         self.api, self.enabled = api, enabled
+        # Under an address-space limit: how far this process grew past ``vm_base``, sampled
+        # at each mark (what the limit counts; no tracker runs then).
+        self.vm_base, self.vm_growth = vm_base, 0
         if not enabled:
             return
         if api == "fsdp2":
@@ -113,6 +117,8 @@ class StepMemory:
         return False
 
     def mark(self, name: str) -> None:
+        if self.vm_base is not None:
+            self.vm_growth = max(self.vm_growth, vm_size() - self.vm_base)
         if self.enabled:
             self.tracker.mark(name)
 
@@ -168,6 +174,24 @@ def vm_size() -> int:
     raise OSError("no VmSize in /proc/self/status (address-space limits need Linux)")
 
 
+def return_freed_memory_at_once() -> None:
+    """Make the address space follow the live bytes. glibc's malloc serves a large block from
+    its own heap once a block that size has been freed (its threshold adapts), and keeps freed
+    heap memory for later: address space the limit would count although no tensor uses it.
+    A fixed threshold of 64 KiB gives every tensor larger than that its own mapping, returned
+    to the kernel when the tensor is freed. (Linux with glibc; elsewhere nothing changes.)"""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD: fixed, no longer adaptive
+        libc.mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD: give heap tops back early
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 @contextmanager
 def address_space_limit(budget_bytes: int | None):
     """Inside the block this process may grow its address space by ``budget_bytes`` at most
@@ -176,6 +200,7 @@ def address_space_limit(budget_bytes: int | None):
     if not budget_bytes:
         yield None
         return
+    return_freed_memory_at_once()
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     base = vm_size()
     limit = base + budget_bytes if hard == resource.RLIM_INFINITY else min(hard, base + budget_bytes)

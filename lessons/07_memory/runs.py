@@ -6,16 +6,21 @@ Nothing here is what the lesson teaches (that is in ``train.py``'s ``shard()`` a
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import statistics
 
 import torch.distributed as dist
 
-from fsdp_course.fsdp2 import expand_variants
 from fsdp_course.measure import MiB
 from fsdp_course.theory import memory
 
 TRACKED = 2  # the measured step: after two steps (optimizer state exists, DDP rebuilt its buckets)
+
+
+def quiet(env):
+    """The same environment, but no rank prints (for the warm-up runs)."""
+    return dataclasses.replace(env, rank=-1)
 
 
 def api_of(cfg) -> str:
@@ -51,7 +56,8 @@ def predict(cfg, world_size: int, vocab_size: int, device_type: str = "cpu") -> 
                        strategy=cfg.strategy, api=cfg.api, foreach=device_type == "cuda",
                        precision="bf16-mixed" if cfg.mixed_precision else "fp32",
                        ac=cfg.activation_checkpointing,
-                       gpu_bytes=cfg.rank_memory_mib * MiB if cfg.rank_memory_mib else None)
+                       gpu_bytes=cfg.rank_memory_mib * MiB if cfg.rank_memory_mib else None,
+                       reserve=memory.CPU_RANK_RESERVE if device_type == "cpu" else memory.ALLOWANCE_MIN)
 
 
 def limit_verdict(cfg, prediction: dict) -> str:
@@ -62,10 +68,52 @@ def limit_verdict(cfg, prediction: dict) -> str:
             f" vs limit {cfg.rank_memory_mib:g} MiB: {verdict}")
 
 
+class Variants(tuple):
+    """The parsed ``--variants``: a tuple of dicts that prints as it was written."""
+
+    def __str__(self) -> str:
+        return ";".join(",".join(f"{k.replace('_', '-')}={v}" for k, v in c.items()) for c in self)
+
+
+def parse_variants(text: str) -> tuple:
+    """``--variants "api=classic;strategy=DDP,steps=5"`` -> one dict of changes per variant
+    (``;`` between variants, ``,`` between flag=value pairs). Parsed once, by the config."""
+    variants = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        changes = {}
+        for item in filter(None, (i.strip() for i in part.split(","))):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise argparse.ArgumentTypeError(f"cannot read {item!r}: write flag=value, e.g. api=classic")
+            changes[key.strip().lstrip("-").replace("-", "_")] = value.strip()
+        variants.append(changes)
+    if not variants:
+        raise argparse.ArgumentTypeError("no variant given")
+    return Variants(variants)
+
+
+def _typed(current, name: str, value: str):
+    if isinstance(current, bool):
+        if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+            raise ValueError(f"--variants: {name}={value!r} is not true or false")
+        return value.lower() in ("true", "1", "yes")
+    try:
+        return type(current)(value) if isinstance(current, (int, float)) else value
+    except ValueError:
+        raise ValueError(f"--variants: {name}={value!r} is not a number") from None
+
+
 def expand(cfg, world_size: int) -> list:
-    """The variants of ``--variants`` (or just ``cfg``), each checked: ValueError if one makes
-    no sense."""
-    variants = expand_variants(cfg, cfg.variants)
+    """One config per variant (each the command line's config with its changes), or just
+    ``cfg``; each checked: ValueError with one sentence if a variant makes no sense."""
+    fields = {f.name for f in dataclasses.fields(cfg)} - {"variants", "metrics"}
+    variants = []
+    for changes in cfg.variants or [{}]:
+        unknown = sorted(set(changes) - fields)
+        if unknown:
+            raise ValueError(f"--variants: no flag --{unknown[0].replace('_', '-')}")
+        variants.append(dataclasses.replace(cfg, variants=None, **{
+            name: _typed(getattr(cfg, name), name, value) for name, value in changes.items()}))
     for v in variants:
         memory.checkpointed_blocks(v.n_layers, v.activation_checkpointing)  # ValueError if bad
         if v.api == "fsdp2" and v.strategy == "NO_SHARD":
@@ -74,6 +122,11 @@ def expand(cfg, world_size: int) -> list:
             raise ValueError("strategy=DDP: --cpu-offload and --mixed-precision belong to FSDP here")
         if v.ac_reentrant and v.api == "fsdp2" and v.strategy != "DDP":
             raise ValueError("--ac-reentrant: FSDP2's checkpoint() is non-reentrant only (api=classic)")
+        if v.strategy not in memory.STRATEGIES or v.api not in memory.APIS:
+            raise ValueError(f"strategy={v.strategy}, api={v.api}: choose from "
+                             f"{', '.join(memory.STRATEGIES)} and {', '.join(memory.APIS)}")
+        if v.cpu_offload not in ("none", "params", "params-pinned") or v.ac_order not in ("right", "wrong"):
+            raise ValueError(f"cpu-offload={v.cpu_offload}, ac-order={v.ac_order}: not a choice")
         if v.steps <= TRACKED:
             raise ValueError(f"--steps must be > {TRACKED}: step {TRACKED} is the measured one")
         if v.rank_memory_mib < 0:
@@ -111,9 +164,11 @@ def first_line(exc: BaseException) -> str:
 
 
 def timing(history: list[dict]) -> dict:
-    """ms per step: the median of the steps that are neither the first nor the measured one."""
-    plain = [row["ms"] for row in history if row["step"] not in (0, TRACKED)]
-    return {"ms_per_step": statistics.median(plain) if plain else float("nan"),
+    """ms per step, wall and CPU (this rank's own work: on a shared machine it varies less than
+    the wall clock): the median of the steps that are neither the first nor the measured one."""
+    plain = [row for row in history if row["step"] not in (0, TRACKED)]
+    median = lambda key: statistics.median(row[key] for row in plain) if plain else float("nan")  # noqa: E731
+    return {"ms_per_step": median("ms"), "cpu_ms_per_step": median("cpu_ms"),
             "loss_first": history[0]["loss"], "loss_last": history[-1]["loss"]}
 
 
@@ -144,6 +199,8 @@ def comparison_rows(results: list[dict], outcomes: list[dict] | None = None) -> 
         row["peak"] = f"{_mib(pred['peak'])} / {_mib(meas.get('peak'))}"
         row["peak error"] = (f"{100 * (pred['peak'] - meas['peak']) / meas['peak']:+.1f}%"
                              if meas.get("peak") else "-")
+        if any(x["config"]["rank_memory_mib"] for x in results):  # the address space rank 0 grew by
+            row["grew by"] = _mib(r.get("vm_growth"))
         if outcomes:
             ranks = outcomes[i]["per_rank"]
             row["outcome"] = "trained" if all(o == "trained" for o in ranks) else \

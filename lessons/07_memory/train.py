@@ -39,7 +39,7 @@ from fsdp_course.report import MetricLogger, table, write_metrics
 
 @dataclass
 class Config(TrainConfig):
-    steps: int = field(default=4, metadata={"help": "optimizer steps (step 2 is measured)"})
+    steps: int = field(default=3, metadata={"help": "optimizer steps (step 2 is measured)"})
     api: str = field(default="fsdp2", metadata={"choices": ("fsdp2", "classic"),
                      "help": "fsdp2: fully_shard; classic: FullyShardedDataParallel"})
     strategy: str = field(default="FULL_SHARD", metadata={
@@ -56,7 +56,8 @@ class Config(TrainConfig):
                              "help": "keep shards, gradients and the optimizer step on the CPU"})
     rank_memory_mib: float = field(default=0.0, metadata={
         "help": "each rank may grow by this much after warm-up (RLIMIT_AS); 0: no limit"})
-    variants: str | None = field(default=None, metadata={
+    variants: tuple | None = field(default=None, metadata={
+        "parse": runs.parse_variants, "metavar": "'FLAG=V,FLAG=V;...'",
         "help": "several runs in one launch: 'api=classic;strategy=DDP,mixed-precision=true'"})
 
 
@@ -116,7 +117,7 @@ def train(cfg, env, data, announce: bool = True) -> dict:
     if env.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(env.device)
     result = {"label": label, "config": dict(cfg.__dict__), "prediction": prediction}
-    with probes.address_space_limit(int(cfg.rank_memory_mib * MiB)):
+    with probes.address_space_limit(int(cfg.rank_memory_mib * MiB)) as base:
         try:
             # --- model: the same initial weights on every rank ---------------------------------
             torch.manual_seed(cfg.seed)
@@ -126,16 +127,16 @@ def train(cfg, env, data, announce: bool = True) -> dict:
             # --- optimizer: after sharding, so it holds the shards ----------------------------
             optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
             bucket_hook, buckets = probes.ddp_bucket_collector()
-            if cfg.strategy == "DDP":
+            if cfg.strategy == "DDP" and not cfg.rank_memory_mib:  # the tracker needs the buckets
                 model.register_comm_hook(None, bucket_hook)
             # --- loop ----------------------------------------------------------------------------
-            logger = MetricLogger(env, cfg.log_every)
+            logger = MetricLogger(env if announce else runs.quiet(env), cfg.log_every)
             for step in range(cfg.steps):
                 x, y = data.batch(step, env.rank, env.world_size, cfg.batch_size, cfg.seq_len, env.device)
-                tracked = step == runs.TRACKED
+                tracked = step == runs.TRACKED and not cfg.rank_memory_mib  # limit: no instruments
                 memory = probes.StepMemory(model, optimizer, runs.api_of(cfg), buckets.values(),
-                                           enabled=tracked)
-                start = time.perf_counter()
+                                           enabled=tracked, vm_base=base)
+                start, start_cpu = time.perf_counter(), time.process_time()
                 with memory, CommCounter() if tracked else nullcontext() as comm:
                     loss = lm_loss(model(x), y)
                     memory.mark("forward")
@@ -148,10 +149,14 @@ def train(cfg, env, data, announce: bool = True) -> dict:
                     optimizer.zero_grad(set_to_none=True)
                     memory.mark("step")
                 ms = (time.perf_counter() - start) * 1e3
+                cpu_ms = (time.process_time() - start_cpu) * 1e3  # this rank's own work
+                if base is not None:  # under a limit: how far this rank's address space grew
+                    result["vm_growth"] = max(result.get("vm_growth", 0), memory.vm_growth)
                 if tracked:
                     result["measured"], result["collectives"] = memory.results(), comm.summary()
                 logger.log(step, mean_over_ranks(loss), ms, result.get("measured", {}).get("peak", 0) / MiB,
-                           comm.total_bytes / MiB if tracked else 0.0, last=step == cfg.steps - 1)
+                           comm.total_bytes / MiB if tracked else 0.0, last=step == cfg.steps - 1,
+                           cpu_ms=cpu_ms)
             result.update(runs.timing(logger.history), history=logger.history)
             if env.device.type == "cuda":  # the allocator's own count, on a GPU
                 result["cuda_max_allocated"] = torch.cuda.max_memory_allocated(env.device)

@@ -1,0 +1,192 @@
+"""The memory planner (fsdp_course.theory.memory and python -m fsdp_course.plan): each formula
+against the model it describes, the CLI's output and its one-line errors. The measured side
+(planner vs PyTorch's trackers under torchrun) is in test_lesson7.py."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import pytest
+import torch
+
+from fsdp_course import plan as cli
+from fsdp_course.measure import activation_bytes
+from fsdp_course.model import GPT, Block, ModelConfig
+from fsdp_course.theory import memory, wrapping
+from fsdp_course.theory.sharding import fsdp_unit_numels, model_state_bytes
+
+SMALL = memory.GPTShape(vocab=27, seq=64, hidden=128, layers=4, heads=4)
+SEVEN_B = cli.MODELS["course-gpt-7b"]()
+GIB = 2 ** 30
+
+
+def gpt(shape: memory.GPTShape) -> GPT:
+    with torch.device("meta"):
+        return GPT(ModelConfig(shape.vocab, shape.seq, shape.hidden, shape.layers, shape.heads))
+
+
+@pytest.mark.parametrize("shape", [SMALL, memory.GPTShape(50, 96, 64, 3, 2), SEVEN_B])
+def test_shape_matches_the_model(shape):
+    model = gpt(shape)
+    assert [tuple(p.shape) for p in model.parameters()] == shape.parameter_shapes()
+    assert shape.unit_numels() == fsdp_unit_numels(model, Block)
+    assert shape.num_params == sum(p.numel() for p in model.parameters())
+    assert shape.buffer_bytes() == sum(b.numel() * b.element_size() for b in model.buffers())
+
+
+@pytest.mark.parametrize("dtype,e", [(torch.float32, 4), (torch.bfloat16, 2)])
+def test_block_activation_formula_counts_what_autograd_saves(dtype, e):
+    torch.manual_seed(0)
+    shape, batch = memory.GPTShape(27, 32, 64, 1, 4), 3
+    block = Block(ModelConfig(27, 32, 64, 1, 4)).to(dtype)
+    x = torch.randn(batch, 32, 64, dtype=dtype, requires_grad=True)
+    with activation_bytes(block) as saved:
+        block(x).sum().backward()
+    assert saved["bytes"] == memory.block_activation_bytes(shape, batch, e)
+
+
+def test_checkpointing_keeps_only_block_inputs():
+    assert memory.checkpointed_blocks(5, "none") == []
+    assert memory.checkpointed_blocks(5, "full") == [0, 1, 2, 3, 4]
+    assert memory.checkpointed_blocks(5, "every-2") == [0, 2, 4]
+    for bad in ("every-0", "every-x", "some", "every-"):
+        with pytest.raises(ValueError, match="none, full or every-K"):
+            memory.checkpointed_blocks(5, bad)
+    full = memory.activation_bytes(SMALL, 8, 4, [0, 1, 2, 3])
+    none = memory.activation_bytes(SMALL, 8, 4, [])
+    per_block = memory.block_activation_bytes(SMALL, 8, 4) - memory.checkpointed_block_bytes(SMALL, 8, 4)
+    assert none - full == 4 * per_block
+    assert memory.recompute_time_fraction(SEVEN_B, SEVEN_B.layers) == pytest.approx(1 / 3, rel=0.05)
+    assert memory.recompute_time_fraction(SEVEN_B, 0) == 0
+
+
+def test_backward_walk_peaks_at_the_last_block_without_checkpointing():
+    b = memory.backward_bytes(SMALL, 8, 4, [], grad_shard=10, grad_buffer=20)
+    assert b["block"] == SMALL.layers - 1 and b["grads"] == 0
+    # with every block checkpointed, each step down trades an input for a finished gradient shard
+    big_shard = memory.checkpointed_block_bytes(SMALL, 8, 4) + 1
+    b = memory.backward_bytes(SMALL, 8, 4, [0, 1, 2, 3], grad_shard=big_shard, grad_buffer=0)
+    assert b["block"] == 0 and b["grads"] == 3 * big_shard
+
+
+def test_sharded_state_reuses_lesson_1_and_5():
+    for n in (1, 2, 3, 8):
+        assert memory.sharded_state_bytes(SMALL, n, "FULL_SHARD", "classic") == \
+            model_state_bytes(SMALL.unit_numels(), n, "FULL_SHARD")
+    ddp = memory.sharded_state_bytes(SMALL, 8, "DDP", "fsdp2")
+    assert ddp == {"params": 4 * SMALL.num_params, "grads": 4 * SMALL.num_params,
+                   "optimizer": 8 * SMALL.num_params}
+    fsdp2 = memory.sharded_state_bytes(SEVEN_B, 8, "FULL_SHARD", "fsdp2")
+    assert sum(fsdp2.values()) == pytest.approx(16 * SEVEN_B.num_params / 8, rel=1e-3)
+    sgd = memory.sharded_state_bytes(SMALL, 2, "FULL_SHARD", "classic", optimizer="sgd")
+    assert sgd["optimizer"] == 0
+
+
+def test_gathered_matches_lesson_2_and_the_strategies():
+    e = 2
+    classic = memory.gathered_bytes(SMALL, 4, "FULL_SHARD", "classic", e)
+    assert classic["backward"] == wrapping.gathered_peaks(SMALL.unit_numels(), 4, param_bytes=e)["backward"]
+    sgo = memory.gathered_bytes(SMALL, 4, "SHARD_GRAD_OP", "classic", e)
+    assert sgo["forward_end"] == sgo["backward"] == sum(4 * math.ceil(n / 4) * e for n in SMALL.unit_numels())
+    assert memory.gathered_bytes(SMALL, 4, "DDP", "fsdp2", e) == {"forward_end": 0, "backward": 0}
+    assert memory.gathered_bytes(SMALL, 1, "FULL_SHARD", "classic", 4)["backward"] == 0
+
+
+def test_optimizer_temporaries_foreach_and_for_loop():
+    sizes = [4 * math.prod(s) for s in SMALL.parameter_shapes()]
+    assert memory.optimizer_temp_bytes(SMALL, 1, "DDP", "fsdp2", foreach=True) == sum(sizes)
+    loop = memory.optimizer_temp_bytes(SMALL, 1, "DDP", "fsdp2", foreach=False)
+    assert loop == max(a + 2 * b for a, b in zip([0] + sizes, sizes))
+
+
+def test_zero_stages():
+    psi, n = 7e9, 8
+    assert memory.zero_stage_bytes(psi, n, 0)["total"] == 16 * psi
+    assert memory.zero_stage_bytes(psi, n, 1)["total"] == 4 * psi + 12 * psi / n
+    assert memory.zero_stage_bytes(psi, n, 2)["total"] == 2 * psi + 14 * psi / n
+    assert memory.zero_stage_bytes(psi, n, 3)["total"] == 16 * psi / n
+    with pytest.raises(ValueError):
+        memory.zero_stage_bytes(psi, n, 4)
+
+
+def test_wire_bytes_full_shard_sends_half_again_as_much():
+    fs = memory.wire_bytes(SEVEN_B, 8, "FULL_SHARD", "fsdp2", 4)
+    sgo = memory.wire_bytes(SEVEN_B, 8, "SHARD_GRAD_OP", "fsdp2", 4)
+    ddp = memory.wire_bytes(SEVEN_B, 8, "DDP", "fsdp2", 4)
+    root = SEVEN_B.unit_numels()[0]  # stays gathered from forward to backward: gathered once
+    assert fs == pytest.approx((3 * SEVEN_B.num_params - root) * 4 * 7 / 8, rel=1e-6)
+    assert sgo == pytest.approx(ddp, rel=0.01) and fs / sgo == pytest.approx(1.5, rel=0.03)
+    assert memory.wire_bytes(SEVEN_B, 1, "FULL_SHARD", "fsdp2", 4) == 0
+
+
+def test_plan_peak_is_the_largest_moment_and_fits_with_the_allowance():
+    p = memory.plan(SEVEN_B, 1, 8, precision="bf16-mixed", gpu_bytes=80 * GIB)
+    assert p["peak"] == max(p["totals"].values()) == sum(p["at_peak"].values())
+    assert p["peak_moment"] == "backward" and p["fits"]
+    assert p["needed"] == p["peak"] + p["allowance"] and p["allowance"] == int(0.1 * p["peak"])
+    tight = memory.plan(SEVEN_B, 1, 8, precision="bf16-mixed", gpu_bytes=p["peak"] * 1.05)
+    assert not tight["fits"]  # the peak fits, the allowance does not
+    reserved = memory.plan(SMALL, 8, 2, gpu_bytes=10 * GIB, reserve=memory.CPU_RANK_RESERVE)
+    assert reserved["allowance"] == memory.CPU_RANK_RESERVE
+    n = memory.smallest_world_size(SEVEN_B, 1, 16 * GIB, precision="bf16-mixed")
+    assert memory.plan(SEVEN_B, 1, n, precision="bf16-mixed", gpu_bytes=16 * GIB)["fits"]
+    assert not memory.plan(SEVEN_B, 1, n // 2, precision="bf16-mixed", gpu_bytes=16 * GIB)["fits"]
+
+
+def test_scaled_shape_has_about_the_asked_parameters():
+    for params in (1e9, 7e9, 7e10):
+        assert memory.scaled_shape(params).num_params == pytest.approx(params, rel=0.05)
+
+
+def test_plan_refuses_settings_that_mean_nothing():
+    for kwargs, said in [({"strategy": "FOO"}, "unknown strategy"), ({"api": "x"}, "unknown api"),
+                         ({"precision": "fp8"}, "unknown precision"),
+                         ({"strategy": "NO_SHARD", "api": "fsdp2"}, "FSDP2 has no NO_SHARD")]:
+        with pytest.raises(ValueError, match=said):
+            memory.plan(SMALL, 8, 2, **kwargs)
+    with pytest.raises(ValueError, match="world size"):
+        memory.plan(SMALL, 8, 0)
+
+
+def run_cli(run_cmd, *args):
+    return run_cmd([sys.executable, "-m", "fsdp_course.plan", *args], timeout=60)
+
+
+def test_cli_help_and_report(run_cmd):
+    r = run_cli(run_cmd, "--help")
+    assert r.returncode == 0
+    for flag in ("--params", "--world-size", "--strategy", "--precision", "--optimizer", "--layers",
+                 "--hidden", "--seq", "--batch", "--activation-checkpointing", "--gpu-gib", "--model",
+                 "--zero-stage", "--json"):
+        assert flag in r.stdout
+    r = run_cli(run_cmd, "--params", "7e9", "--world-size", "8", "--strategy", "FULL_SHARD",
+                "--precision", "bf16-mixed", "--optimizer", "adamw", "--gpu-gib", "80", "--zero-stage", "3")
+    assert r.returncode == 0, r.stderr
+    assert "verdict   fits on a GPU of 80 GiB" in r.stdout and "ZeRO stage 3" in r.stdout
+    r = run_cli(run_cmd, "--model", "course-gpt-7b", "--world-size", "8", "--precision", "bf16-mixed", "--gpu-gib", "16")
+    assert "does NOT fit" in r.stdout and "on 32 ranks" in r.stdout
+
+
+def test_cli_json_is_the_library(run_cmd):
+    r = run_cli(run_cmd, "--model", "course-gpt-default", "--world-size", "2", "--no-foreach", "--json")
+    data = json.loads(r.stdout)
+    expected = memory.plan(cli.MODELS["course-gpt-default"](), 8, 2, foreach=False)
+    assert data["peak"] == expected["peak"] and data["categories"] == expected["categories"]
+    assert data["model"] == {"vocab": 27, "seq": 64, "hidden": 128, "layers": 4, "heads": 4}
+
+
+@pytest.mark.parametrize("args,said", [
+    (["--params", "-5"], "must be > 0"), (["--params", "abc"], "not a number"),
+    (["--params", "1e9", "--world-size", "0"], "must be > 0"),
+    (["--params", "1e9", "--strategy", "FOO"], "unknown strategy"),
+    (["--params", "1e9", "--activation-checkpointing", "every-0"], "every-K"),
+    (["--model", "nope"], "invalid choice"), ([], "say which model"),
+    (["--model", "course-gpt-7b", "--params", "1e9"], "not both"),
+    (["--params", "1e9", "--layers", "2.5"], "not a number"),
+    (["--params", "nan"], "must be > 0"),
+])
+def test_cli_bad_input_is_one_line_exit_2(run_cmd, args, said):
+    r = run_cli(run_cmd, *args)
+    assert r.returncode == 2 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and said in r.stderr, r.stderr
