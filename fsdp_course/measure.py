@@ -164,6 +164,12 @@ class GatheredParamTracker(TorchDispatchMode):
     def current(self) -> int:
         return sum(b.untyped_storage().nbytes() for b in _gathered_buffers(self.flat_params))
 
+    def __enter__(self):
+        # What is already gathered counts too: a phase may start with units held from before
+        # (backward starts with the root FULL_SHARD kept after forward) and gather nothing.
+        self.peak = max(self.peak, self.current())
+        return super().__enter__()
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if func.namespace == "c10d":
