@@ -122,15 +122,14 @@ def train(cfg: Config, wrap: str, prefetch: str, env, data, custom_policy) -> di
                   timeline.phase("forward")):
                 loss = lm_loss(model(x), y)
             with GatheredParamTracker(model) as backward, timeline.phase("backward"):
-                held_at_start = backward.current()  # the root is still gathered from forward
                 loss.backward()
             measured = state_bytes(model, optimizer)  # before zero_grad: gradients still held
             with timeline.phase("optimizer"):
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
         ms = (time.perf_counter() - start) * 1e3
-        gathered = max(forward.peak, backward.peak, held_at_start)
-        peak_forward, peak_backward = max(peak_forward, forward.peak), max(peak_backward, backward.peak, held_at_start)
+        gathered = max(forward.peak, backward.peak)
+        peak_forward, peak_backward = max(peak_forward, forward.peak), max(peak_backward, backward.peak)
         total = sum(measured.values()) + gathered + activations["bytes"]
         peak_total = max(peak_total, total)
         logger.log(step, mean_over_ranks(loss), ms, total / MiB, comm.total_bytes / MiB,
