@@ -47,7 +47,7 @@ def estimate(shape, world_size: int, batch: int, mixed_precision: bool, reshard:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers "fake"
 
-    from fsdp_course.fsdp2 import CategoryPeakTracker
+    from fsdp_course.measure_fsdp2 import CategoryPeakTracker
 
     dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
     mesh = init_device_mesh("cpu", (world_size,))  # outside FakeTensorMode
