@@ -1,6 +1,7 @@
 """What lesson 4's train.py needs but the lesson is not about: its flags checked, timings, and
 the bitwise comparisons it reports (imported by train.py)."""
 
+import argparse
 import functools
 import os
 import time
@@ -15,12 +16,12 @@ from fsdp_course.report import write_json_atomic
 DEMOS = ("torch-save", "types", "rng")
 
 
-def parse_demos(text: str | None) -> list[str]:
-    """``--demo torch-save,types`` -> ["torch-save", "types"] (one clear line for a wrong name)."""
-    demos = [d.strip() for d in (text or "").split(",") if d.strip()]
-    unknown = [d for d in demos if d not in DEMOS]
-    if unknown:
-        raise CourseError(f"--demo {text}: {', '.join(unknown)} is not one of {', '.join(DEMOS)}")
+def parse_demos(text: str) -> tuple[str, ...]:
+    """The parser of ``--demo`` (given to the config): "torch-save,types" -> ("torch-save", "types")."""
+    demos = tuple(d.strip() for d in text.split(",") if d.strip())
+    for name in demos:
+        if name not in DEMOS:
+            raise argparse.ArgumentTypeError(f"{name}: choose from {', '.join(DEMOS)}")
     return demos
 
 

@@ -66,7 +66,7 @@ class Config(TrainConfig):
     reload: bool = field(default=False, metadata={"help": "after --save, load it into a fresh model (another init and RNG) and compare"})
     load: str | None = field(default=None, metadata={"help": "load this DCP checkpoint first (any world size)"})
     ckpt_module: str | None = field(default=None, metadata={"help": "a .py file with save(path, model, optimizer) and load(path, model, optimizer) for --save/--load"})
-    demo: str | None = field(default=None, metadata={"help": f"after training: {', '.join(plumbing.DEMOS)} (comma-separated)"})
+    demo: tuple[str, ...] = field(default=(), metadata={"parse": plumbing.parse_demos, "help": f"after training: {', '.join(plumbing.DEMOS)} (comma-separated)"})
     bug: str | None = field(default=None, metadata={"choices": ("rank0-only", "offload-cpu"), "help": "rank0-only: state_dict() on rank 0 only; offload-cpu: offload_to_cpu=True on CPU ranks"})
 
 
@@ -123,7 +123,6 @@ def main() -> None:
         # --- setup -------------------------------------------------------------------------
         ckpt.quiet_state_dict_warnings()  # repeated on every call; --demo types shows one, explained
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        demos = plumbing.parse_demos(cfg.demo)
         periodic = plumbing.periodic_checkpoints(cfg)  # and the flags that need it, checked
         save_fn, load_fn = plumbing.checkpoint_functions(cfg, save_checkpoint, load_checkpoint, env)
         env.print0(f"lesson 4 | {env.world_size} ranks | {env.backend} | attempt {restart} | {describe(cfg)}")
@@ -177,11 +176,11 @@ def main() -> None:
                 model.state_dict()
         build_copy = functools.partial(build, cfg, env, data, cfg.seed + 1)  # another init and RNG
         with torch.random.fork_rng(devices=[]):  # the demos build (and seed) models of their own
-            if "torch-save" in demos:  # classic FSDP, and an FSDP2 model of the same GPT
+            if "torch-save" in cfg.demo:  # classic FSDP, and an FSDP2 model of the same GPT
                 results["torch_save"] = pitfalls.torch_save_pitfall(model, optimizer, env, root / "torch_save")
-            if "types" in demos:
+            if "types" in cfg.demo:
                 results["types"] = state_dicts.compare_types(model, optimizer, env, root / "types", build_copy)
-            if "rng" in demos:
+            if "rng" in cfg.demo:
                 results["rng"] = pitfalls.rng_dedup(model, optimizer, env, root / "rng", save_fn, load_fn, build_copy)
         if cfg.save:  # then --reload: into a fresh model, compared bitwise, RNG included
             results.update(plumbing.save_and_reload(cfg, save_fn, load_fn, model, optimizer, build_copy, env))
