@@ -46,7 +46,7 @@ def silence_known_warnings() -> None:
 def parse_reshard(text) -> bool | int | None:
     """``--reshard-after-forward`` as ``fully_shard`` takes it: ``default`` -> None (FSDP2
     chooses: True for every block, False for the root), ``true``, ``false``, or a group size
-    (an int: reshard over groups of that many ranks). The config's type for the flag."""
+    (an int: reshard over groups of that many ranks). The config's parser for the flag."""
     if text is None or isinstance(text, bool):
         return text
     word = str(text).strip().lower()

@@ -36,16 +36,16 @@ from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import write_metrics
 
 
-def flag(default, help: str, choices=None):
-    return field(default=default, metadata={"help": help, "choices": choices})
+def flag(default, help: str, choices=None, **more):
+    return field(default=default, metadata={"help": help, "choices": choices, **more})
 
 
 @dataclass
 class Config(TrainConfig):
     api: str = flag("fsdp2", "fsdp2: fully_shard; classic: lesson 1's FullyShardedDataParallel", runs.APIS)
-    # The type is the parser: argparse and --variants both read the text with it, once.
-    reshard_after_forward: runs.parse_reshard = flag(
-        None, "default (blocks true, root false), true (the root too), false, or a group size")
+    reshard_after_forward: bool | int | None = flag(  # parsed once, as fully_shard takes it
+        None, "default (blocks true, root false), true (the root too), false, or a group size",
+        parse=runs.parse_reshard, metavar="{default,true,false,N}")
     mixed_precision: bool = flag(False, "bf16 parameters in forward/backward, fp32 gradient reduction")
     prefetch: int = flag(0, "explicit prefetching: each block all-gathers the next N (0: implicit)")
     grad_accum: int = flag(1, "micro-batches per step; gradients sync on the last one only")
