@@ -27,11 +27,11 @@ import torch
 import torch.nn as nn
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from fsdp_course.fsdp2 import CATEGORIES, CategoryPeakTracker
+from fsdp_course.measure_fsdp2 import CATEGORIES, CategoryPeakTracker
 from fsdp_course.measure import GatheredParamTracker
 
 # The tracker's category names -> the words of the course's plots. FSDP2's names come from
-# fsdp_course.fsdp2.CATEGORIES; MemTracker (classic FSDP, DDP) has its own.
+# fsdp_course.measure_fsdp2.CATEGORIES; MemTracker (classic FSDP, DDP) has its own.
 PLOT_GROUPS = {"params": "params", "grads": "grads", "optimizer": "optimizer",
                "gathered": "gathered", "all_gather_buffer": "gathered",
                "unsharded_grads": "grad buffers", "reduce_scatter_buffer": "grad buffers",
