@@ -46,9 +46,10 @@ def cell_text(cell) -> str:
 # A number in a notebook's prose must be printed by one of its outputs (issue: "measured
 # truth"): numbers with a thousands separator, a decimal point, a % or an exponent, or two or
 # more digits. Not checked: numbers inside `code` or $math$, lesson numbers ("lesson 3",
-# "lessons 1-5"), years, and link targets.
+# "lessons 1-5"), years, link targets, and dotted addresses or versions (127.0.0.1, 2.13.0).
 NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+\.\d+|\d+)(%|e[-+]?\d+)?(?![\w])")
-NOT_PROSE = re.compile(r"`[^`]*`|\$[^$]*\$|\]\([^)]*\)|<[^>]*>|\b[Ll]essons? \d+(?:\s*[-–,]\s*\d+)*")
+NOT_PROSE = re.compile(r"`[^`]*`|\$[^$]*\$|\]\([^)]*\)|<[^>]*>|\b[Ll]essons? \d+(?:\s*[-–,]\s*\d+)*"
+                       r"|\b\d+(?:\.\d+){2,}\b")  # ... and addresses or versions: 127.0.0.1, 2.13.0
 
 
 def prose_numbers(markdown: str) -> list[str]:
@@ -155,7 +156,7 @@ def test_numbers_in_prose_must_be_printed():
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell(
         "## 2. Lesson 3 in 2026\n1. The root holds 15,387 parameters, 3.08 MiB, rel err 6% "
-        "on 2 ranks (`--steps 20`, $16P/N$), see [x](a/12.html)."),
+        "on 2 ranks (`--steps 20`, $16P/N$) at 127.0.0.1 with torch 2.13.0, see [x](a/12.html)."),
         nbformat.v4.new_code_cell("")]
     assert prose_numbers(nb.cells[0].source) == ["15,387", "3.08", "6%"]
     nb.cells[1].outputs = [nbformat.v4.new_output("stream", text="root 15387 | 3.084 MiB\n")]
