@@ -1,11 +1,11 @@
 """Lesson 7 exercise: make a model fit, sending as few bytes as possible.
 
 The scenario (``SCENARIO``) is a scaled-down cluster that this machine can really run: 4 ranks,
-each allowed 78 MiB (an address-space limit standing in for a GPU's memory), the lesson's
+each allowed 70 MiB (an address-space limit standing in for a GPU's memory), the lesson's
 ``course-gpt-limit`` model, fp32. The learner's ``choose_settings()`` returns a strategy and an
 activation-checkpointing setting. The checker asks the planner whether it fits and whether any
 setting that fits sends fewer bytes per step, then runs it for real under the limit:
-``NPROC=4 bash launch/lesson7.sh ... --rank-memory-mib 78``.
+``NPROC=4 bash launch/lesson7.sh ... --rank-memory-mib 70``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from fsdp_course.theory import memory
 from quizzes.exercise import exercise
 
 MiB = 1024 ** 2
-SCENARIO = {"model": "course-gpt-limit", "world_size": 4, "limit_mib": 78, "precision": "fp32",
+SCENARIO = {"model": "course-gpt-limit", "world_size": 4, "limit_mib": 70, "precision": "fp32",
             "api": "fsdp2", "batch": MODEL_BATCH["course-gpt-limit"]}
 CHOICES = {"strategy": ("DDP", "SHARD_GRAD_OP", "FULL_SHARD"),
            "activation_checkpointing": ("none", "every-2", "full")}

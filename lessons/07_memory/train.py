@@ -16,6 +16,7 @@ checkpointing, CPU offload, and a per-rank memory limit that makes "does not fit
 """
 
 import functools
+import gc
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -69,8 +70,10 @@ def shard(model, cfg, env):
                                 if cfg.ac_reentrant else CheckpointImpl.NO_REENTRANT)
     if cfg.strategy == "DDP":
         apply_activation_checkpointing(model, checkpoint_wrapper_fn=wrapper, check_fn=is_chosen)
-        # Gradients as views into the all-reduce buckets: 4P less than DDP's default.
-        return DDP(model, gradient_as_bucket_view=True)
+        # Gradients as views into the all-reduce buckets: 4P less than DDP's default. Every rank
+        # built the same weights from the same seed, so no initial broadcast (init_sync=False):
+        # then a rank that runs out of memory does so outside any collective.
+        return DDP(model, gradient_as_bucket_view=True, init_sync=False)
     if cfg.api == "fsdp2":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         options = dict(reshard_after_forward=cfg.strategy == "FULL_SHARD",
@@ -167,11 +170,14 @@ def train(cfg, env, data, announce: bool = True) -> dict:
             env.print0(f"FAILED on rank 0: {result['error']}")
         finally:
             model = optimizer = loss = None  # noqa: F841 - free this variant before the next
+            gc.collect()  # DDP and FSDP keep reference cycles (hooks): free them now
     return result
 
 
 def main() -> None:
     cfg = parse_config(Config, __doc__)
+    if cfg.rank_memory_mib or any("rank_memory_mib" in v for v in cfg.variants or ()):
+        probes.return_freed_memory_at_once()  # before any thread starts (probes explains why)
     with distributed(seed=cfg.seed) as env:
         # --- setup ---------------------------------------------------------------------------
         try:
@@ -180,7 +186,7 @@ def main() -> None:
             raise CourseError(str(exc)) from None
         env.print0(f"lesson 7 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
         data = load_data(cfg.data, seed=cfg.seed)
-        if cfg.rank_memory_mib:  # threads, allocator arenas, gloo buffers: before the limit
+        if any(v.rank_memory_mib for v in variants):  # before any limit: threads, gloo buffers
             for warm_up in runs.warm_ups(variants):
                 train(warm_up, env, data, announce=False)
 
