@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 
 import torch.distributed as dist
 
@@ -167,10 +166,11 @@ def first_line(exc: BaseException) -> str:
 
 def timing(history: list[dict]) -> dict:
     """ms per step, wall and CPU (this rank's own work: on a shared machine it varies less than
-    the wall clock): the median of the steps that are neither the first nor the measured one."""
+    the wall clock), over the steps that are neither the first nor the measured one: the
+    fastest, since other processes on the machine only ever add time."""
     plain = [row for row in history if row["step"] not in (0, TRACKED)]
-    median = lambda key: statistics.median(row[key] for row in plain) if plain else float("nan")  # noqa: E731
-    return {"ms_per_step": median("ms"), "cpu_ms_per_step": median("cpu_ms"),
+    fastest = lambda key: min(row[key] for row in plain) if plain else float("nan")  # noqa: E731
+    return {"ms_per_step": fastest("ms"), "cpu_ms_per_step": fastest("cpu_ms"),
             "loss_first": history[0]["loss"], "loss_last": history[-1]["loss"]}
 
 
