@@ -11,12 +11,9 @@ and be far below the whole model's.
 from __future__ import annotations
 
 import dis
-import hashlib
 import importlib
 import inspect
-import os
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
@@ -37,16 +34,10 @@ def staged_lm_module():
 
 
 def policy_file(source: str) -> Path:
-    """A file holding ``source``, named by its content: the same policy gives the same file,
-    so the same launch (which the test suite runs once and shares)."""
-    folder = Path(tempfile.gettempdir()) / "fsdp-course-lesson2-policies"
-    folder.mkdir(exist_ok=True)
-    path = folder / f"policy_{hashlib.sha256(source.encode()).hexdigest()[:16]}.py"
-    if not path.is_file():
-        part = path.with_suffix(f".{os.getpid()}.part")
-        part.write_text(source)
-        os.replace(part, path)
-    return path
+    """A file holding ``source``, named by its content (course_lab.notebook.learner_file)."""
+    from course_lab.notebook import learner_file
+
+    return learner_file(source, "policy")
 
 
 def _global_names(code) -> set[str]:

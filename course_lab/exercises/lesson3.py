@@ -18,10 +18,7 @@ test suite runs it once and shares it with the notebook's check).
 
 from __future__ import annotations
 
-import hashlib
 import inspect
-import os
-import tempfile
 import textwrap
 from contextlib import contextmanager
 from pathlib import Path
@@ -111,15 +108,10 @@ def _dry_run(learner_fn, sizes=DRY_RUN_SIZES) -> str | None:
 
 
 def loop_file(source: str) -> Path:
-    """A file holding ``source``, named by its content (module doc)."""
-    folder = Path(tempfile.gettempdir()) / "fsdp-course-lesson3-loops"
-    folder.mkdir(exist_ok=True)
-    path = folder / f"accumulate_{hashlib.sha256(source.encode()).hexdigest()[:16]}.py"
-    if not path.is_file():
-        part = path.with_suffix(f".{os.getpid()}.part")
-        part.write_text(source)
-        os.replace(part, path)
-    return path
+    """A file holding ``source``, named by its content (course_lab.notebook.learner_file)."""
+    from course_lab.notebook import learner_file
+
+    return learner_file(source, "accumulate")
 
 
 @exercise("lesson3", "ex_accumulate")
