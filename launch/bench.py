@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -27,6 +28,14 @@ COPY_IGNORE = shutil.ignore_patterns(
     ".git", ".venv", "__pycache__", "*.egg-info", ".ipynb_checkpoints", ".pytest_cache",
     "runs", "checkpoints", "metrics*.json",
 )
+
+
+def children_cpu_seconds() -> float:
+    """User + system CPU seconds of every finished child process and their children (the
+    kernel waits for torchrun, torchrun for its ranks). Unlike wall time it hardly depends on
+    what else the machine is doing, so it compares runs made on a busy machine."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def lesson_number(path: Path) -> int | None:
@@ -59,6 +68,22 @@ def find_items(root: Path, only: list[str]) -> list[tuple[str, str, Path, int | 
     return [it for it in items if selected(it[0], it[1], it[3], only)]
 
 
+def slowest_cells(nb, count: int = 3) -> str:
+    """The notebook's slowest code cells as 'cell 12 20.1 s, cell 5 8.3 s' (from the timing
+    nbclient records in each cell's metadata), so a slow notebook says where its time goes."""
+    from datetime import datetime
+
+    timed = []
+    for index, cell in enumerate(nb.cells):
+        stamps = cell.get("metadata", {}).get("execution", {})
+        start, end = stamps.get("iopub.execute_input"), stamps.get("shell.execute_reply")
+        if cell.cell_type == "code" and start and end:
+            seconds = (datetime.fromisoformat(end.replace("Z", "+00:00"))
+                       - datetime.fromisoformat(start.replace("Z", "+00:00"))).total_seconds()
+            timed.append((seconds, index))
+    return ", ".join(f"cell {i} {s:.1f} s" for s, i in sorted(timed, reverse=True)[:count])
+
+
 def run_notebook(path: Path, log: Path, tmp: Path) -> tuple[bool, str]:
     import nbformat
     from jupyter_client.manager import KernelManager
@@ -79,6 +104,7 @@ def run_notebook(path: Path, log: Path, tmp: Path) -> tuple[bool, str]:
         return False, message
     finally:
         nbformat.write(nb, log.with_suffix(".ipynb"))
+        print(f"bench:   slowest {slowest_cells(nb)}", file=sys.stderr, flush=True)
         if km.has_kernel:  # a kernel we made is ours to stop (nbclient leaves a given km alone)
             km.shutdown_kernel(now=False)
 
@@ -143,7 +169,7 @@ def main() -> int:
     for kind, name, path, number in items:
         print(f"bench: {kind} {name} ...", file=sys.stderr, flush=True)
         log = logs / (re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".log")
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), children_cpu_seconds()
         if kind == "notebook":
             ok, why = run_notebook(path, log, tmp)
             budget = NOTEBOOK_BUDGET_S
@@ -151,6 +177,7 @@ def main() -> int:
             ok, why = run_script(root, number, log, work)
             budget = None
         seconds = time.perf_counter() - start
+        cpu = children_cpu_seconds() - cpu_start
         if not ok:
             status = "FAIL"
             failures.append(f"{kind} {name}: {why.strip().splitlines()[-1] if why.strip() else 'failed'}")
@@ -159,20 +186,23 @@ def main() -> int:
             failures.append(f"{kind} {name}: {seconds:.1f} s, over its {budget:.0f} s budget")
         else:
             status = "yes"
-        rows.append((kind, name, f"{seconds:.1f}", "-" if budget is None else f"{budget:.0f}", status))
+        rows.append((kind, name, f"{seconds:.1f}", f"{cpu:.1f}",
+                     "-" if budget is None else f"{budget:.0f}", status))
 
     if want_overhead:
         print("bench: instrumentation overhead ...", file=sys.stderr, flush=True)
         overhead = instrumentation_overhead(root, work)
-        rows.append(("overhead", "launch/overhead.py", "-", "-", "yes" if overhead else "FAIL"))
+        rows.append(("overhead", "launch/overhead.py", "-", "-", "-", "yes" if overhead else "FAIL"))
         if not overhead:
             failures.append("overhead: launch/overhead.py failed")
     else:
         overhead = None
 
     total = sum(float(r[2]) for r in rows if r[2] != "-")
-    header = ("kind", "name", "seconds", "budget", "ok")
-    table = [header, *rows, ("total", "", f"{total:.1f}", "", "yes" if not failures else "no")]
+    total_cpu = sum(float(r[3]) for r in rows if r[3] != "-")
+    header = ("kind", "name", "seconds", "cpu s", "budget", "ok")
+    table = [header, *rows,
+             ("total", "", f"{total:.1f}", f"{total_cpu:.1f}", "", "yes" if not failures else "no")]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for i, row in enumerate(table):
         print(" | ".join(cell.ljust(w) if j < 2 else cell.rjust(w) for j, (cell, w) in enumerate(zip(row, widths))))
