@@ -25,7 +25,10 @@ COLUMNS = (("step", "{:>5d}"), ("loss", "{:>7.4f}"), ("ms/step", "{:>8.1f}"),
 
 
 class MetricLogger:
-    """Prints ``step | loss | ms/step | peak MiB/rank | sent MiB`` on rank 0, keeps the history."""
+    """Prints ``step | loss | ms/step | peak MiB/rank | sent MiB`` on rank 0, keeps the history.
+
+    A step the instruments did not watch passes ``peak_mib=None`` / ``sent_mib=None``: its
+    line reads "-" there, never a false 0, and its history row keeps None."""
 
     def __init__(self, env: DistEnv, log_every: int = 1):
         self.env = env
@@ -33,19 +36,22 @@ class MetricLogger:
         self.history: list[dict] = []
         self._printed_header = False
 
-    def log(self, step: int, loss: float, ms: float, peak_mib: float, sent_mib: float,
-            last: bool = False, **extra) -> None:
+    def log(self, step: int, loss: float, ms: float, peak_mib: float | None,
+            sent_mib: float | None, last: bool = False, **extra) -> None:
+        """``last=True`` prints the line whatever ``log_every`` says (the final step, or the
+        one step the instruments measured)."""
         row = {"step": step, "loss": loss, "ms": ms, "peak_mib": peak_mib, "sent_mib": sent_mib,
                **extra}
         self.history.append(row)
         if not self.env.is_rank0 or not (step % self.log_every == 0 or last):
             return
+        widths = [len(fmt.format(0 if "d" in fmt else 0.0)) for _, fmt in COLUMNS]
         if not self._printed_header:
-            widths = [len(fmt.format(0 if "d" in fmt else 0.0)) for _, fmt in COLUMNS]
             self.env.print0(" | ".join(name.rjust(w) for (name, _), w in zip(COLUMNS, widths)))
             self._printed_header = True
         values = (step, loss, ms, peak_mib, sent_mib)
-        self.env.print0(" | ".join(fmt.format(v) for (_, fmt), v in zip(COLUMNS, values)))
+        self.env.print0(" | ".join("-".rjust(w) if v is None else fmt.format(v)
+                                   for (_, fmt), v, w in zip(COLUMNS, values, widths)))
 
 
 def _jsonable(value):

@@ -302,3 +302,20 @@ def test_config_field_with_its_own_parser():
     with pytest.raises(SystemExit) as exit_info:
         parse_config(Config, argv=["--strategy", " , "])
     assert exit_info.value.code == 2
+
+
+def test_metric_logger_prints_a_dash_for_what_a_step_did_not_measure(capsys):
+    from fsdp_course.report import MetricLogger
+
+    env = course_dist.DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"),
+                              backend="gloo")
+    logger = MetricLogger(env, log_every=10)
+    logger.log(0, 3.25, 41.0, 9.5, 1.25)
+    logger.log(1, 3.20, 40.0, None, None)        # not a log step, not forced: no line
+    logger.log(2, 3.10, 39.0, 9.5, 1.25, last=True)
+    logger.log(3, 3.00, 38.0, None, None, last=True)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 4 and lines[0].split()[0] == "step"
+    assert lines[1].split("|")[3].strip() == "9.50" and lines[3].split("|")[3].strip() == "-"
+    assert lines[3].split("|")[4].strip() == "-" and "0.000" not in lines[3]
+    assert [row["peak_mib"] for row in logger.history] == [9.5, None, 9.5, None]
