@@ -62,8 +62,12 @@ def partial(root: str | Path) -> list[Path]:
 
 
 def prune(root: str | Path, keep: int) -> None:
-    """Delete all but the newest ``keep`` checkpoints (call on one rank)."""
-    for old in published(root)[:-keep] if keep > 0 else []:
+    """Delete all but the newest ``keep`` checkpoints (call on one rank). ``keep`` is at least
+    1: the newest checkpoint is the one a resume needs."""
+    if keep < 1:
+        raise ValueError(f"keep must be at least 1 (the newest checkpoint is the one a resume "
+                         f"needs), got {keep}")
+    for old in published(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
 
 

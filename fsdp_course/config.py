@@ -57,6 +57,9 @@ def build_parser(cls, doc: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+FLAGS_GRACE_S = 30.0
+
+
 def parse_config(cls, doc: str | None = None, argv: list[str] | None = None):
     """Parse ``argv`` (default ``sys.argv[1:]``) into an instance of dataclass ``cls``.
 
@@ -67,14 +70,16 @@ def parse_config(cls, doc: str | None = None, argv: list[str] | None = None):
     rank = int(os.environ.get("RANK", "0"))
     if rank != 0:
         # Under torchrun every rank parses the same flags: rank 0 alone prints help or the
-        # error, and the others leave after it has (see dist.leave_after_rank0). A rank that is
-        # still there after the wait (rank 0 had no error) says it itself, in one write.
+        # error, and torchrun stops the others as soon as it has exited. They wait for that
+        # longer than dist.leave_after_rank0 does: ranks parse before they join, and on a busy
+        # machine rank 0 may still be importing torch many seconds after this rank. A rank
+        # that is still there after the wait says the error itself, in one write.
         parser._print_message = lambda message, file=None: None
 
         def error(message):
-            from fsdp_course.dist import RANK0_GRACE_S, say
+            from fsdp_course.dist import say
 
-            time.sleep(RANK0_GRACE_S)
+            time.sleep(FLAGS_GRACE_S)
             say(f"[rank {rank}] {parser.prog}: error: {message}")
             sys.exit(2)
 

@@ -133,6 +133,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 RANK0_GRACE_S = 3.0
+JOIN_TIMEOUT_S = 120.0
 
 
 def leave_after_rank0(rank: int, message: str, code: int = 2) -> None:
@@ -179,15 +180,22 @@ def distributed(seed: int = 0):
         torch.cuda.set_device(device)
     timeout = timeout_seconds()
     try:
-        # device_id binds NCCL to this GPU eagerly; gloo on CPU needs none.
+        # device_id binds NCCL to this GPU eagerly; gloo on CPU needs none. Joining gets at
+        # least JOIN_TIMEOUT_S: on a busy machine one rank may import torch many seconds after
+        # another, and a short COURSE_TIMEOUT_S (a lesson showing a stuck collective) is
+        # about the collectives, not about that wait.
         dist.init_process_group(
             backend=backend,
-            timeout=timedelta(seconds=timeout),
+            timeout=timedelta(seconds=max(timeout, JOIN_TIMEOUT_S)),
             device_id=device if device.type == "cuda" else None,
         )
         # Everyone has fully joined before anyone may leave: a rank that exits early (a bad
         # flag, found by all ranks alike) must not cut a peer's connection mid-handshake.
         dist.barrier()
+        if timeout < JOIN_TIMEOUT_S:
+            # From here on, collectives of the default group wait COURSE_TIMEOUT_S. (torch has
+            # no public setter; this is what init_process_group's timeout would have set.)
+            dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout))
     except Exception as exc:  # noqa: BLE001 - one line, not a traceback from deep in c10d
         message = f"could not join the process group: {_one_line(exc)}"
         _wait_if_a_peer_is_gone(message)

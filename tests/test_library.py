@@ -13,6 +13,7 @@ import torch
 
 from helpers import run_cmd
 from fsdp_course import theory
+from fsdp_course import config as course_config
 from fsdp_course.config import parse_config
 from fsdp_course.data import load_data
 from fsdp_course import dist as course_dist
@@ -249,7 +250,7 @@ def test_config_flags_from_a_dataclass():
 
 def test_bad_flag_on_another_rank_waits_then_says_it_whole(monkeypatch, capfd):
     """Under torchrun rank 0 prints argparse's error; another rank stays silent for
-    RANK0_GRACE_S (torchrun has stopped it by then), and only if it is still there says the
+    FLAGS_GRACE_S (torchrun has stopped it by then), and only if it is still there says the
     error itself, as one line with its rank."""
     from dataclasses import dataclass
 
@@ -258,7 +259,7 @@ def test_bad_flag_on_another_rank_waits_then_says_it_whole(monkeypatch, capfd):
         steps: int = 3
 
     monkeypatch.setenv("RANK", "1")
-    monkeypatch.setattr(course_dist, "RANK0_GRACE_S", 0.0)
+    monkeypatch.setattr(course_config, "FLAGS_GRACE_S", 0.0)
     monkeypatch.setattr(sys, "argv", ["train.py"])
     with pytest.raises(SystemExit) as exc:
         parse_config(Config, argv=["--steps", "many"])
@@ -319,3 +320,18 @@ def test_metric_logger_prints_a_dash_for_what_a_step_did_not_measure(capsys):
     assert lines[1].split("|")[3].strip() == "9.50" and lines[3].split("|")[3].strip() == "-"
     assert lines[3].split("|")[4].strip() == "-" and "0.000" not in lines[3]
     assert [row["peak_mib"] for row in logger.history] == [9.5, None, 9.5, None]
+
+
+def test_prune_keeps_the_newest_and_refuses_to_keep_none(tmp_path):
+    from fsdp_course import checkpoint as ckpt
+
+    for step in (2, 4, 6):
+        (tmp_path / f"step_{step:06d}").mkdir()
+        (tmp_path / f"step_{step:06d}" / ".metadata").write_bytes(b"x")
+    found = [p.name for p in ckpt.published(tmp_path)]
+    assert len(found) == 3
+    ckpt.prune(tmp_path, 2)
+    assert [p.name for p in ckpt.published(tmp_path)] == found[1:]
+    with pytest.raises(ValueError, match="at least 1"):
+        ckpt.prune(tmp_path, 0)
+    assert [p.name for p in ckpt.published(tmp_path)] == found[1:]
