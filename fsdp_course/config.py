@@ -9,7 +9,8 @@
 
 Field ``my_flag`` becomes ``--my-flag``; a bool becomes ``--my-flag / --no-my-flag``. A field
 whose metadata has ``"parse": fn`` is parsed by ``fn(text)`` (e.g. a comma-separated list into a
-tuple of checked names); the default is used as given.
+tuple of checked names: ``names_from(CHOICES)``; a count with a floor: ``int_at_least(1)``);
+the default is used as given.
 """
 
 from __future__ import annotations
@@ -55,6 +56,39 @@ def build_parser(cls, doc: str | None = None) -> argparse.ArgumentParser:
                             choices=field.metadata.get("choices"),
                             metavar=field.metadata.get("metavar"))
     return parser
+
+
+def names_from(choices):
+    """The parser of a list flag: "a,b" -> ("a", "b"), each checked against ``choices``."""
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(name.strip() for name in text.split(",") if name.strip())
+        if not names:
+            raise argparse.ArgumentTypeError(f"give at least one of {', '.join(choices)}")
+        for name in names:
+            if name not in choices:
+                raise argparse.ArgumentTypeError(f"{name}: choose from {', '.join(choices)}")
+        return names
+    parse.__name__ = "list"  # argparse names the parser in its message: "invalid list value"
+    return parse
+
+
+def list_help(kind: str, choices) -> str:
+    """Help text of a ``names_from`` flag: what it lists, and the names it takes."""
+    return f"{kind}: comma-separated, from {', '.join(choices)}"
+
+
+def int_at_least(low: int):
+    """The parser of an integer flag with a floor: "0" -> error "must be at least 1"."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+    parse.__name__ = "int"
+    return parse
 
 
 FLAGS_GRACE_S = 30.0

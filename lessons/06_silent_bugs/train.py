@@ -15,7 +15,6 @@ variants of the chosen parts run in one launch (each torchrun start costs second
     torchrun --standalone --nproc-per-node=2 lessons/06_silent_bugs/train.py   # the same
 """
 
-import argparse
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ import part_batchnorm
 import part_init
 import part_precision
 import exercise_run
-from fsdp_course.config import TrainConfig, describe, parse_config
+from fsdp_course.config import TrainConfig, describe, list_help, names_from, parse_config
 from fsdp_course.data import load_data
 from fsdp_course.dist import CourseError, distributed
 from fsdp_course.report import table, write_metrics
@@ -35,21 +34,6 @@ HERE = Path(__file__).resolve().parent
 # does); the warning says as much, once per parameter.
 warnings.filterwarnings("ignore", message="DTensor random operators")
 warnings.filterwarnings("ignore", message=".*returned a view tensor")  # the GPT's logits: harmless
-
-
-def list_help(kind: str, choices) -> str:
-    return f"{kind}: comma-separated, from {', '.join(choices)}"
-
-
-def names_from(choices):
-    """The parser of a list flag: "a,b" -> ("a", "b"), each checked against ``choices``."""
-    def parse(text: str) -> tuple[str, ...]:
-        names = tuple(name.strip() for name in text.split(",") if name.strip())
-        for name in names:
-            if name not in choices:
-                raise argparse.ArgumentTypeError(f"{name}: choose from {', '.join(choices)}")
-        return names
-    return parse
 
 
 @dataclass
