@@ -1,13 +1,18 @@
 """Lesson 1 under torchrun on CPU ranks: every strategy's bytes per rank and per collective equal
 the theory to the byte; shards are equal and padded only where needed; reduce-scatter averages;
 torch.nn.utils.clip_grad_norm_ sees the shard, FSDP.clip_grad_norm_ the whole; use_orig_params's
-names, groups and alignment padding; sync_module_states refused on CPU.
+names, groups and alignment padding; sync_module_states refused on CPU; the instruments watch one
+step and ms/step times the others.
 
 The launches are the notebook's own (same flags, same NPROC): within one test run the notebook's
-test and these share them (tests/conftest.py)."""
+test and these share them (tests/conftest.py). The 2-rank runs are one launch: the strategies,
+then --variants (sync_module_states, mixed precision, use_orig_params)."""
 
 import importlib.util
 import math
+import statistics
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,15 +22,17 @@ from course_lab.notebook import mib
 from fsdp_course import theory
 from fsdp_course.theory import sharding
 
+REPO = Path(__file__).resolve().parents[1]
 STATE = ("params", "grads", "optimizer")
+SYNC, BF16, ORIG = ("FULL_SHARD + sync_module_states", "FULL_SHARD + bf16 mixed precision",
+                    "FULL_SHARD + use_orig_params")
 # The notebook's launches: (flags, NPROC).
-THREE_STRATEGIES = (("--strategy", "FULL_SHARD,SHARD_GRAD_OP,NO_SHARD", "--steps", "6"), 2)
+TWO_RANKS = (("--strategy", "FULL_SHARD,SHARD_GRAD_OP,NO_SHARD", "--steps", "6", "--variants",
+              "strategy=FULL_SHARD,sync-module-states=true;"
+              "strategy=FULL_SHARD,mixed-precision=true,steps=3;"
+              "strategy=FULL_SHARD,use-orig-params=true,d-model=130,n-heads=2,steps=3"), 2)
 FOUR_RANKS = (("--strategy", "FULL_SHARD,HYBRID_SHARD", "--replicas", "2", "--steps", "3",
                "--log-every", "10"), 4)
-ORIG_PARAMS = (("--strategy", "FULL_SHARD", "--use-orig-params", "--d-model", "130", "--n-heads", "2",
-                "--steps", "3", "--log-every", "10"), 2)
-MIXED = (("--strategy", "FULL_SHARD", "--mixed-precision", "--steps", "3", "--log-every", "10"), 2)
-SYNC_MODULE_STATES = (("--sync-module-states", "--steps", "1"), 1)
 
 
 def notebook_launch(flags_and_nproc, check=True):
@@ -38,7 +45,12 @@ def notebook_launch(flags_and_nproc, check=True):
 
 @pytest.fixture(scope="module")
 def m2():
-    return notebook_launch(THREE_STRATEGIES)[1]
+    return notebook_launch(TWO_RANKS)[1]
+
+
+@pytest.fixture(scope="module")
+def variants(m2):
+    return {r["label"]: r for r in m2["results"]["variants"]}
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +69,13 @@ def n4(m4):
 
 
 @pytest.fixture(scope="module")
-def orig():
-    return notebook_launch(ORIG_PARAMS)[1]
+def orig(variants):
+    return variants[ORIG]
 
 
 @pytest.fixture(scope="module")
-def mixed():
-    return notebook_launch(MIXED)[1]
+def mixed(variants):
+    return variants[BF16]
 
 
 def state(run):
@@ -201,20 +213,22 @@ def test_figures_the_quiz_cites_as_measured_in_lesson_1_still_hold(n2):
     assert sum(state(fs).values()) - 16 * fs["num_params"] // 2 == 8  # padding, bytes per rank
 
 
-def test_sync_module_states_is_refused_on_cpu_in_one_line():
-    proc, _ = notebook_launch(SYNC_MODULE_STATES, check=False)
-    assert proc.returncode == 1
-    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
-    assert errors == ["[rank 0] error: ValueError: The module has CPU parameters or buffers when "
-                      "`sync_module_states=True`, which requires them to be on GPU. Please specify "
-                      "the `device_id` argument or move the module to GPU before passing it to FSDP."]
-    assert "Traceback" not in proc.stdout
+def test_sync_module_states_is_refused_on_cpu_in_one_line_and_the_launch_goes_on(variants):
+    proc, _ = notebook_launch(TWO_RANKS)
+    message = ("ValueError: The module has CPU parameters or buffers when `sync_module_states=True`, "
+               "which requires them to be on GPU. Please specify the `device_id` argument or move "
+               "the module to GPU before passing it to FSDP.")
+    assert variants[SYNC]["refused"] == message and variants[SYNC]["history"] == []
+    assert proc.stdout.count(f"torch refused to wrap the model: {message}\n") == 1
+    assert "Traceback" not in proc.stdout + proc.stderr
+    labels = list(variants)  # the runs after the refusal trained
+    assert labels == [SYNC, BF16, ORIG] and all(variants[k]["history"] for k in (BF16, ORIG))
 
 
 def test_use_orig_params_names_groups_and_alignment_padding(orig, n2):
-    run = orig["results"]["runs"][0]
+    run = orig
     flat = n2["FULL_SHARD"]
-    assert orig["config"]["d_model"] == 130  # sizes that are not multiples of 4: padding appears
+    assert run["d_model"] == 130  # sizes that are not multiples of 4: padding appears
     # Names and groups: flat parameters, one per unit, all in one group; the model's own otherwise.
     assert flat["parameters"]["count"] == len(flat["unit_numels"])
     assert all(name.endswith("_flat_param") for name in flat["parameters"]["first_names"])
@@ -245,14 +259,15 @@ def test_alignment_layout_follows_fsdp_rule():
 
 
 def test_mixed_precision_halves_the_wire_not_the_state(mixed, n2):
-    bf16, fp32 = mixed["results"]["runs"][0], n2["FULL_SHARD"]
+    bf16, fp32 = mixed, n2["FULL_SHARD"]
     assert state(bf16) == state(fp32)
     for kind in ("all_gather", "reduce_scatter"):
         assert bf16["collectives"][kind]["bytes"] * 2 == fp32["collectives"][kind]["bytes"]
 
 
-def test_exercise_covers_every_measured_run_including_hybrid_and_orig_params(m2, m4, orig, mixed):
-    cases = cases_from_metrics(m2, m4, orig, mixed)
+def test_exercise_covers_every_measured_run_including_hybrid_and_orig_params(m2, m4):
+    cases = cases_from_metrics(m2, m4)
+    assert len(cases) == 3 + 2 + 2  # the refused sync_module_states run is not a case
     assert {c["strategy"] for c in cases} == set(theory.STRATEGIES)
     assert any(c["use_orig_params"] for c in cases) and any(c["mixed_precision"] for c in cases)
     spec = importlib.util.spec_from_file_location("solution", "solutions/lesson1_predict_bytes.py")
@@ -289,6 +304,49 @@ def test_bad_strategy_input_is_one_line_and_exit_2(args, nproc, needle):
 
 
 def test_no_shard_deprecation_is_said_once(n2):
-    proc, _ = notebook_launch(THREE_STRATEGIES)
+    proc, _ = notebook_launch(TWO_RANKS)
     assert proc.stdout.count("deprecates NO_SHARD") == 1
     assert "sharding strategy is deprecated" not in proc.stdout
+
+
+def test_instruments_watch_step_1_and_ms_per_step_times_the_others(m2, m4):
+    """Issue 9: the instruments slow the step they watch; ms/step is the median of the steps
+    after step 0 that they did not watch, whose memory and traffic columns read None ("-")."""
+    proc, _ = notebook_launch(TWO_RANKS)
+    for m in (m2, m4):
+        for run in m["results"]["runs"] + [v for v in m["results"].get("variants", []) if "refused" not in v]:
+            history = run["history"]
+            watched = [row["step"] for row in history if row["peak_mib"] is not None]
+            assert watched == [run["watched_step"]] == [1], run["label"]
+            assert history[1]["sent_mib"] > 0 and all(row["sent_mib"] is None for row in history if row["step"] != 1)
+            plain = [row["ms"] for row in history if row["step"] > 1]
+            assert run["ms_per_step"] == statistics.median(plain)
+    line = next(line for line in proc.stdout.splitlines() if line.strip().startswith("0 |"))
+    assert [cell.strip() for cell in line.split("|")[3:]] == ["-", "-"]  # not watched: not measured
+
+
+def test_variants_parse_once_and_bad_ones_are_one_line():
+    folder = REPO / "lessons" / "01_fsdp_strategies"
+    sys.path.insert(0, str(folder))
+    try:
+        from strategy_report import parse_variants, variant_configs
+        spec = importlib.util.spec_from_file_location("lesson1_train", folder / "train.py")
+        train = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(train)
+    finally:
+        sys.path.pop(0)
+    from fsdp_course.config import parse_config
+    from fsdp_course.dist import CourseError
+
+    cfg = parse_config(train.Config, argv=["--strategy", "NO_SHARD", "--variants",
+                                           "mixed-precision=true; strategy=FULL_SHARD,d-model=130,steps=2"])
+    assert [str(v) for v in cfg.variants] == ["(mixed-precision=true)", "(strategy=FULL_SHARD,d-model=130,steps=2)"]
+    (first, s1), (second, s2) = variant_configs(cfg, 2)
+    assert (s1, first.mixed_precision, first.d_model) == ("NO_SHARD", True, 128)
+    assert (s2, second.d_model, second.steps, second.mixed_precision) == ("FULL_SHARD", 130, 2, False)
+    for text, needle in (("warp=1", "no flag --warp"), ("d-model=wide", "not a number"),
+                         ("mixed-precision=yes", "true or false"), ("strategy=ZERO4", "--strategy ZERO4")):
+        with pytest.raises(CourseError, match=needle):
+            variant_configs(parse_config(train.Config, argv=["--variants", text]), 2)
+    with pytest.raises(Exception, match="write flag=value"):
+        parse_variants("mixed-precision")

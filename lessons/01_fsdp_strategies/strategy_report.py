@@ -1,7 +1,11 @@
-"""Lesson 1's plumbing (what the lesson is not about): the --strategy list, the optimizer's
-parameter groups, where each rank's shards lie, and the tables rank 0 prints."""
+"""Lesson 1's plumbing (what the lesson is not about): the --strategy and --variants lists, the
+optimizer's parameter groups, where each rank's shards lie, and the tables rank 0 prints."""
 
 from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
 
 import torch.distributed as dist
 
@@ -23,6 +27,79 @@ def parse_strategies(text: str, world_size: int, replicas: int) -> list[str]:
             raise CourseError(f"HYBRID_SHARD: {world_size} ranks do not split into "
                               f"--replicas {replicas} groups of 2 or more (try NPROC=4)")
     return strategies
+
+
+class Variant(dict):
+    """One variant's flag changes ({field: text}); prints as typed, in parentheses."""
+
+    def __str__(self) -> str:
+        return "(" + ",".join(f"{k.replace('_', '-')}={v}" for k, v in self.items()) + ")"
+
+
+def parse_variants(text: str) -> tuple:
+    """``--variants "mixed-precision=true;use-orig-params=true,d-model=130"`` -> one Variant per
+    run (``;`` between runs, ``,`` between flag=value pairs). Parsed once, by the config."""
+    variants = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        changes = Variant()
+        for item in filter(None, (i.strip() for i in part.split(","))):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise argparse.ArgumentTypeError(f"cannot read {item!r}: write flag=value, "
+                                                 "e.g. mixed-precision=true")
+            changes[key.strip().lstrip("-").replace("-", "_")] = value.strip()
+        variants.append(changes)
+    if not variants:
+        raise argparse.ArgumentTypeError("no variant given")
+    return tuple(variants)
+
+
+def _typed(current, name: str, text: str):
+    if isinstance(current, bool):
+        if text.lower() not in ("true", "false"):
+            raise CourseError(f"--variants: {name.replace('_', '-')}={text}: write true or false")
+        return text.lower() == "true"
+    try:
+        return type(current)(text) if isinstance(current, (int, float)) else text
+    except ValueError:
+        raise CourseError(f"--variants: {name.replace('_', '-')}={text}: not a number") from None
+
+
+def variant_configs(cfg, world_size: int) -> list[tuple]:
+    """(config, strategy) for each run ``--variants`` adds: the command line's config with the
+    variant's flags changed (each typed like its flag), once per strategy it names."""
+    fields = {f.name for f in dataclasses.fields(cfg)} - {"variants", "metrics"}
+    runs = []
+    for changes in cfg.variants or ():
+        unknown = sorted(set(changes) - fields)
+        if unknown:
+            raise CourseError(f"--variants: no flag --{unknown[0].replace('_', '-')}")
+        variant = dataclasses.replace(cfg, variants=None, **{
+            name: _typed(getattr(cfg, name), name, text) for name, text in changes.items()})
+        runs += [(variant, s) for s in parse_strategies(variant.strategy, world_size, variant.replicas)]
+    return runs
+
+
+def run_label(cfg, strategy: str) -> str:
+    """``FULL_SHARD + bf16 mixed precision``: the strategy and the options the run changes."""
+    options = [("bf16 mixed precision", cfg.mixed_precision), ("use_orig_params", cfg.use_orig_params),
+               ("sync_module_states", cfg.sync_module_states)]
+    return " + ".join([strategy] + [name for name, on in options if on])
+
+
+def refused_run(env, cfg, strategy: str, exc: Exception) -> dict:
+    """A run torch refused to wrap (sync_module_states on CPU ranks): its message, nothing trained."""
+    message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+    env.print0(f"\n== {run_label(cfg, strategy)} ==\ntorch refused to wrap the model: {message}")
+    return {"strategy": strategy, "label": run_label(cfg, strategy), "sync_module_states": True,
+            "refused": message, "history": []}
+
+
+def unwatched_ms(history: list[dict]) -> float | None:
+    """Median ms of the steps no instrument watched (their memory column is None), step 0
+    (first-step set-up) left out; None when there is no such step."""
+    times = [row["ms"] for row in history if row["step"] > 0 and row["peak_mib"] is None]
+    return statistics.median(times) if times else None
 
 
 def decay_groups(model) -> list[dict]:
@@ -55,13 +132,13 @@ def shard_layout(model, world_size: int) -> list[list[dict]]:
     return everyone
 
 
-def print_report(env, measured: dict, expected: dict, comm: dict, comm_expected: dict,
+def print_report(env, watched: int, measured: dict, expected: dict, comm: dict, comm_expected: dict,
                  param_bytes: int, norms: dict, factors: dict) -> None:
     """Rank 0's tables: bytes per category and per collective, measured next to the theory."""
-    env.print0("\nper-rank bytes, rank 0 (theory: fsdp_course.theory):")
+    env.print0(f"\nper-rank bytes in step {watched}, rank 0 (theory: fsdp_course.theory):")
     env.print0(table([{"category": k, "measured": v, "theory": expected.get(k, "-"),
                        "MiB": round(v / MiB, 3)} for k, v in measured.items()]))
-    env.print0("\ncollectives in the last step (payload bytes):")
+    env.print0(f"\ncollectives in step {watched} (payload bytes):")
     env.print0(table([{"collective": k, "calls": v["calls"], "bytes": v["bytes"],
                        "theory": comm_expected.get(k, 0),
                        "x param bytes": round(v["bytes"] / param_bytes, 3)}

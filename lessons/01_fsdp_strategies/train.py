@@ -3,8 +3,11 @@
 Trains the course's small GPT with every transformer block wrapped as its own FSDP unit, and
 measures what each strategy costs per rank: bytes of parameters, gradients, optimizer state,
 all-gathered parameters and activations, and the bytes of each collective per step, printed
-next to the theory (``fsdp_course.theory``). At step 0 it also measures the gradient norm both
-ways (``torch.nn.utils.clip_grad_norm_`` and ``FSDP.clip_grad_norm_``) against one process.
+next to the theory (``fsdp_course.theory``). The instruments slow a step down, so they watch
+one step (step 1) and ms/step is the median of the steps they did not watch (after step 0).
+At step 0 it also measures the gradient norm both ways (``torch.nn.utils.clip_grad_norm_`` and
+``FSDP.clip_grad_norm_``) against one process. ``--variants`` adds runs with other flags to the
+same launch (one torch start-up for all).
 
     bash launch/lesson1.sh                                  # FULL_SHARD on 2 ranks
     bash launch/lesson1.sh --strategy SHARD_GRAD_OP --metrics runs/sgo.json
@@ -12,13 +15,14 @@ ways (``torch.nn.utils.clip_grad_norm_`` and ``FSDP.clip_grad_norm_``) against o
     NPROC=4 bash launch/lesson1.sh --strategy HYBRID_SHARD --replicas 2   # a 2 x 2 mesh
     bash launch/lesson1.sh --use-orig-params --d-model 130 --n-heads 2    # alignment padding
     bash launch/lesson1.sh --sync-module-states      # on CPU ranks torch refuses: read why
+    bash launch/lesson1.sh --variants "mixed-precision=true;use-orig-params=true,d-model=130,n-heads=2"
     torchrun --standalone --nproc-per-node=2 lessons/01_fsdp_strategies/train.py   # the same
 """
 
 import functools
-import statistics
 import time
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -36,8 +40,9 @@ from fsdp_course.measure import (MiB, CommCounter, GatheredParamTracker, activat
                                  flat_state_bytes)
 from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import MetricLogger, write_metrics
-from strategy_report import (decay_groups, describe_parameters, parse_strategies, print_report,
-                             shard_layout)
+from strategy_report import (decay_groups, describe_parameters, parse_strategies, parse_variants,
+                             print_report, refused_run, run_label, shard_layout, unwatched_ms,
+                             variant_configs)
 
 
 @dataclass
@@ -51,6 +56,9 @@ class Config(TrainConfig):
         "help": "expose the original parameters (names, per-parameter groups) instead of flat ones"})
     sync_module_states: bool = field(default=False, metadata={
         "help": "broadcast rank 0's weights while wrapping (needs the module on a GPU)"})
+    variants: tuple | None = field(default=None, metadata={
+        "parse": parse_variants, "metavar": "'FLAG=V,FLAG=V;...'",
+        "help": "more runs after the --strategy ones, each with these flags changed"})
 
 
 def train(cfg: Config, strategy: str, env, data) -> dict:
@@ -70,49 +78,59 @@ def train(cfg: Config, strategy: str, env, data) -> dict:
     reference.load_state_dict(model.state_dict())
 
     # --- shard: every Block becomes its own FSDP unit; the rest goes to the root unit -------
-    model = FSDP(
-        model,
-        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block}),
-        sharding_strategy=ShardingStrategy[strategy],
-        mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
-        if cfg.mixed_precision else None,
-        device_id=env.device,  # where FSDP moves the module and computes: this rank's GPU, or
-                               # the CPU (left out, FSDP looks for an accelerator)
-        sync_module_states=cfg.sync_module_states,  # broadcast rank 0's weights (GPU only)
-        use_orig_params=cfg.use_orig_params,  # original names and groups; torch.compile needs it
-        device_mesh=mesh,
-    )
+    try:
+        model = FSDP(
+            model,
+            auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block}),
+            sharding_strategy=ShardingStrategy[strategy],
+            mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+            if cfg.mixed_precision else None,
+            device_id=env.device,  # where FSDP moves the module and computes: this rank's GPU, or
+                                   # the CPU (left out, FSDP looks for an accelerator)
+            sync_module_states=cfg.sync_module_states,  # broadcast rank 0's weights (GPU only)
+            use_orig_params=cfg.use_orig_params,  # original names and groups; torch.compile needs it
+            device_mesh=mesh,
+        )
+    except ValueError as exc:
+        if not cfg.sync_module_states:
+            raise
+        # torch checks the module's device before it broadcasts anything, on every rank alike:
+        # no collective is left half-done, so the launch goes on with its next run.
+        return refused_run(env, cfg, strategy, exc)
 
     # --- optimizer: built after wrapping, so it holds the sharded parameters ----------------
     optimizer = torch.optim.AdamW(decay_groups(model), lr=cfg.lr)
 
     # --- loop ---------------------------------------------------------------------------------
-    env.print0(f"\n== {strategy}{' + bf16 mixed precision' if cfg.mixed_precision else ''}"
-               f"{' + use_orig_params' if cfg.use_orig_params else ''} ==")
+    env.print0(f"\n== {run_label(cfg, strategy)} ==")
     logger = MetricLogger(env, cfg.log_every)
+    watched = min(1, cfg.steps - 1)  # after step 0, so that Adam's state exists when counted
     for step in range(cfg.steps):
         x, y = data.batch(step, env.rank, env.world_size, cfg.batch_size, cfg.seq_len, env.device)
+        watch = step == watched  # the instruments slow a step down: they watch this one only
         start = time.perf_counter()
-        with CommCounter() as comm, GatheredParamTracker(model) as gathered:
-            with activation_bytes(model) as activations:
+        with (CommCounter() if watch else nullcontext()) as comm, \
+                (GatheredParamTracker(model) if watch else nullcontext()) as gathered:
+            with activation_bytes(model) if watch else nullcontext() as activations:
                 loss = lm_loss(model(x), y)
             loss.backward()
-        measured = flat_state_bytes(model, optimizer)  # before zero_grad: gradients held
-        if step == 0:  # outside the counters: not part of a training step
+        if watch:  # before zero_grad: gradients still held
+            measured = dict(flat_state_bytes(model, optimizer), gathered=gathered.peak,
+                            activations=activations["bytes"])
+            collectives = comm.summary()
+        if step == 0:  # not part of a training step (step 0 is left out of ms/step)
             norms = grad_norms(model, reference, data, cfg, env)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         ms = (time.perf_counter() - start) * 1e3
-        peak = sum(measured.values()) + gathered.peak + activations["bytes"]
-        logger.log(step, mean_over_ranks(loss), ms, peak / MiB, comm.total_bytes / MiB,
-                   last=step == cfg.steps - 1)
+        logger.log(step, mean_over_ranks(loss), ms, sum(measured.values()) / MiB if watch else None,
+                   comm.total_bytes / MiB if watch else None, last=watch or step == cfg.steps - 1)
 
     # --- report: measured next to theory --------------------------------------------------
     wire_bytes = 2 if cfg.mixed_precision else 4
     unit_numels = [sum(u) for u in unit_param_numels]
     flat_numels = theory.sharding.unit_flat_numels(unit_param_numels, env.world_size, strategy,
                                                    cfg.replicas, cfg.use_orig_params, wire_bytes)
-    measured.update(gathered=gathered.peak, activations=activations["bytes"])
     expected = theory.sharding.rank_state_bytes(unit_param_numels, env.world_size, strategy,
                                                 cfg.replicas, env.rank, cfg.use_orig_params,
                                                 compute_bytes=wire_bytes)
@@ -123,18 +141,19 @@ def train(cfg: Config, strategy: str, env, data) -> dict:
     per_rank = [None] * env.world_size
     dist.all_gather_object(per_rank, measured)  # ranks differ by where the padding falls
     factors = {"pre": model._gradient_predivide_factor, "post": model._gradient_postdivide_factor}
-    print_report(env, measured, expected, comm.summary(), comm_expected, 4 * sum(unit_numels),
+    print_report(env, watched, measured, expected, collectives, comm_expected, 4 * sum(unit_numels),
                  norms, factors)
     return {
-        "strategy": strategy, "mixed_precision": cfg.mixed_precision,
+        "strategy": strategy, "label": run_label(cfg, strategy), "d_model": cfg.d_model,
+        "mixed_precision": cfg.mixed_precision, "sync_module_states": cfg.sync_module_states,
         "use_orig_params": cfg.use_orig_params, "replicas": cfg.replicas,
         "num_params": sum(unit_numels), "unit_numels": unit_numels,
         "unit_param_numels": unit_param_numels, "shard_layout": shard_layout(model, env.world_size),
         "bytes": measured, "bytes_theory": expected, "bytes_per_rank": per_rank,
-        "collectives": comm.summary(), "collectives_theory": comm_expected,
+        "collectives": collectives, "collectives_theory": comm_expected,
         "divide_factors": factors, "grad_norms": norms,
         "parameters": describe_parameters(model, optimizer),
-        "ms_per_step": statistics.median(row["ms"] for row in logger.history),
+        "watched_step": watched, "ms_per_step": unwatched_ms(logger.history),
         "loss_first": logger.history[0]["loss"], "loss_last": logger.history[-1]["loss"],
         "history": logger.history,
     }
@@ -161,17 +180,20 @@ def main() -> None:
     with distributed(seed=cfg.seed) as env:
         # --- setup ---------------------------------------------------------------------------
         strategies = parse_strategies(cfg.strategy, env.world_size, cfg.replicas)
+        variants = variant_configs(cfg, env.world_size)  # checked before anything runs
         env.print0(f"lesson 1 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
-        if "NO_SHARD" in strategies:  # torch warns at every NO_SHARD unit; say it once
+        if "NO_SHARD" in strategies + [s for _, s in variants]:  # torch warns at every unit: say it once
             warnings.filterwarnings("ignore", message="The `NO_SHARD` sharding strategy is deprecated")
             env.print0("note: torch 2.13 deprecates NO_SHARD (FutureWarning: use DistributedDataParallel)")
         data = load_data(cfg.data, seed=cfg.seed)
 
         runs = [train(cfg, strategy, env, data) for strategy in strategies]
+        more = [train(variant, strategy, env, data) for variant, strategy in variants]
 
         if env.device.type == "cuda":
             runs[-1]["cuda_max_allocated"] = torch.cuda.max_memory_allocated(env.device)
-        write_metrics(cfg.metrics, "lesson1", env, cfg, runs[-1]["history"], {"runs": runs})
+        write_metrics(cfg.metrics, "lesson1", env, cfg, runs[-1]["history"],
+                      {"runs": runs, "variants": more})
 
 
 if __name__ == "__main__":
