@@ -4,9 +4,9 @@ about itself when one strikes (its flight recorder, its memory budget).
 - ``uneven-data``: the last rank's data runs out one step early (a shard with fewer batches):
   it leaves the loop and waits at the end, while the others start another step's all-gather.
 - ``rank-branch``: a collective inside ``if rank == 0:`` (the global loss, "for logging").
-- ``exception``: the last rank hits a corrupt sample and raises.
-- ``oom``: a batch much larger than the others arrives (a long-document bucket) under a
-  per-rank memory budget.
+- ``oom``: under a per-rank memory budget, the last rank gets a batch much larger than the
+  others (a long-document bucket) and runs out of memory: one rank fails, the others are left
+  in a collective.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-FAULTS = ("none", "uneven-data", "rank-branch", "exception", "oom")
+FAULTS = ("none", "uneven-data", "rank-branch", "oom")
 
 
 def steps_for_rank(fault: str, fault_step: int, steps: int, rank: int, world_size: int) -> int:
@@ -29,16 +29,9 @@ def steps_for_rank(fault: str, fault_step: int, steps: int, rank: int, world_siz
     return steps
 
 
-def corrupt_sample_check(fault: str, fault_step: int, step: int, rank: int, world_size: int) -> None:
-    """``exception``: the last rank finds a broken record at ``fault_step`` and raises."""
-    if fault == "exception" and step == fault_step and rank == world_size - 1:
-        raise ValueError(f"corrupt sample in rank {rank}'s shard at step {step}: "
-                         "token id out of range")
-
-
-def batch_scale(fault: str, fault_step: int, step: int) -> int:
-    """``oom``: step ``fault_step`` gets a batch 32 times the usual size."""
-    return 32 if fault == "oom" and step == fault_step else 1
+def batch_scale(fault: str, fault_step: int, step: int, rank: int, world_size: int) -> int:
+    """``oom``: the last rank's batch at ``fault_step`` is 32 times the usual size."""
+    return 32 if fault == "oom" and step == fault_step and rank == world_size - 1 else 1
 
 
 def node_dies_now(step: int, kill_at: int | None, restart: int) -> bool:

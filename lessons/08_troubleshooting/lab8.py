@@ -209,18 +209,27 @@ def own_collectives(output: str) -> dict[str, dict]:
     return {rank: {"sequence": int(seq), "op": op} for rank, seq, op in found}
 
 
-def root_cause(output: str) -> dict:
-    """torchrun's 'Root Cause (first observed failure)' section, field by field."""
-    section = output.split("Root Cause (first observed failure):", 1)
-    if len(section) < 2:
-        return {}
-    body = section[1].split("=====", 1)[0]
+def _report_entry(body: str) -> dict:
+    """One failure of torchrun's report, field by field; ``exception``: its traceback's last line."""
     fields = dict(re.findall(r"^\s{2}(\w+)\s*: (.*)$", body, flags=re.M))
-    traceback_lines = [l.strip() for l in body.split("traceback :", 1)[-1].splitlines() if l.strip()]
+    traceback_lines = [l.strip() for l in body.split("traceback :", 1)[-1].splitlines()
+                       if l.strip().strip("-")]  # not the report's ---- separator
     fields["exception"] = traceback_lines[-1] if traceback_lines else ""
+    return fields
+
+
+def root_cause(output: str) -> dict:
+    """torchrun's 'Root Cause (first observed failure)' section, field by field, with the error
+    file it names; ``others``: the report's other failures (the echoes)."""
+    head, found, tail = output.partition("Root Cause (first observed failure):")
+    if not found:
+        return {}
+    fields = _report_entry(tail.split("=====", 1)[0])
     error_file = fields.get("error_file", "")
     if error_file and Path(error_file).is_file():
         fields["error_file_json"] = json.loads(Path(error_file).read_text())
+    others = head.rpartition("Failures:")[2]
+    fields["others"] = [_report_entry(b) for b in re.split(r"^\[\d+\]:$", others, flags=re.M)[1:]]
     return fields
 
 

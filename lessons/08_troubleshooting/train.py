@@ -4,8 +4,7 @@
     COURSE_TIMEOUT_S=6 bash launch/lesson8.sh --fault uneven-data # a rank skips a collective: hang
     TORCH_DISTRIBUTED_DEBUG=DETAIL bash launch/lesson8.sh --fault uneven-data   # names the mismatch
     COURSE_TIMEOUT_S=6 bash launch/lesson8.sh --fault rank-branch # a collective under `if rank == 0`
-    bash launch/lesson8.sh --fault exception                      # one rank raises: who was first?
-    bash launch/lesson8.sh --fault oom --memory-limit-mib 48      # one batch too big for the budget
+    bash launch/lesson8.sh --fault oom --memory-limit-mib 48      # one rank's batch is too big: OOM
     # two "nodes" on this machine, HSDP: replicate across nodes, shard within (run both lines):
     NNODES=2 NODE_RANK=0 MASTER_ADDR=127.0.0.1 bash launch/lesson8.sh --replicas 2 --compare-flat
     NNODES=2 NODE_RANK=1 MASTER_ADDR=127.0.0.1 bash launch/lesson8.sh --replicas 2 --compare-flat
@@ -106,8 +105,7 @@ def train(cfg, env, data, model, optimizer, start, counter=None, logger=None, sa
     for step in range(start, my_steps):  # uneven-data: the last rank's data ends early (BUG)
         if save and faults.node_dies_now(step, cfg.kill_node_at_step, restart):  # not in the reference
             os.kill(os.getpid(), signal.SIGKILL)  # a node dies: every worker of the last agent
-        faults.corrupt_sample_check(cfg.fault, cfg.fault_step, step, env.rank, env.world_size)
-        rows = cfg.batch_size * faults.batch_scale(cfg.fault, cfg.fault_step, step)
+        rows = cfg.batch_size * faults.batch_scale(cfg.fault, cfg.fault_step, step, env.rank, env.world_size)
         x, y = data.batch(step, dp_rank, dp_size, rows, cfg.seq_len, env.device)
         start_time = time.perf_counter()
         with counter if counter is not None and step == start else scale.nothing():
