@@ -6,6 +6,7 @@ wrong when the last micro-batch is short, and the exercise's solution right, for
 
 The launches are the notebook's, with its exact flags: within a test run each runs once and is
 shared (course_lab.notebook.launch_lesson). Only the 3-rank run and one bad flag are the tests' own.
+The instruments watch step 0 (the step ms/step leaves out); later steps are timed unwatched.
 """
 from __future__ import annotations
 
@@ -22,16 +23,15 @@ from course_lab.exercises import lesson3 as ex3
 REPO = Path(__file__).resolve().parents[1]
 SOLUTION = REPO / "solutions" / "lesson3_accumulate.py"
 # The notebook's launches, flag for flag:
-BOTH_APIS = ("--accum", "4", "--api", "fsdp1,fsdp2", "--no-sync", "on,off", "--steps", "1",
-             "--batch-size", "2", "--log-every", "10")
+# K = 4 in both APIs, no_sync on and off, and the no-sync-last pitfall (where no_sync is on):
+K4 = ("--accum", "4", "--api", "fsdp1,fsdp2", "--no-sync", "on,off", "--bug", "none,no-sync-last",
+      "--steps", "2", "--batch-size", "2", "--log-every", "1")
 SWEEP = ("--accum", "1,2,4,8", "--no-sync", "on,off", "--steps", "1", "--batch-size", "2", "--log-every", "10")
-BUG = ("--accum", "4", "--api", "fsdp1,fsdp2", "--bug", "no-sync-last", "--steps", "2", "--batch-size", "2",
-       "--log-every", "1")
 UNEVEN = ("--accum", "4", "--batch-size", "4", "--last-batch-size", "1", "--steps", "1", "--log-every", "10")
 
 
 def runs_by(data):
-    return {(r["api"], r["accum"], r["no_sync"]): r for r in data["results"]["runs"]}
+    return {(r["api"], r["accum"], r["no_sync"], r["bug"]): r for r in data["results"]["runs"]}
 
 
 def launched(*args, nproc=2):
@@ -42,7 +42,7 @@ def launched(*args, nproc=2):
 
 @pytest.fixture(scope="module")
 def both_apis():
-    return launched(*BOTH_APIS)
+    return launched(*K4)
 
 
 # --- theory and the exercise's in-process stage (no torchrun) ---------------------------------
@@ -106,8 +106,10 @@ def test_both_apis_match_the_big_batch_and_no_sync_reduces_once(both_apis):
     gradient bytes held between micro-batches per rank; each run's log fits a screen."""
     proc, data = both_apis
     runs, n = runs_by(data), data["world_size"]
+    assert sorted(runs) == sorted((api, 4, no_sync, bug) for api in ("fsdp1", "fsdp2")
+                                  for no_sync, bug in ((True, "none"), (True, "no-sync-last"), (False, "none")))
     for api in ("fsdp1", "fsdp2"):
-        on, off = runs[(api, 4, True)], runs[(api, 4, False)]
+        on, off = runs[(api, 4, True, "none")], runs[(api, 4, False, "none")]
         P, P_pad = on["num_params"], on["padded_numel"]
         for run in (on, off):
             assert run["grads_equal"], api
@@ -123,37 +125,51 @@ def test_both_apis_match_the_big_batch_and_no_sync_reduces_once(both_apis):
             assert rank["held_between"]["unsharded"] == 0
             assert rank["held_between"]["sharded"] == pytest.approx(4 * P_pad / n, rel=0.01)
         assert on["held_theory"] == 4 * P and on["held_between_unsharded"] == on["held_theory"]
-    fsdp1_on, fsdp1_off = runs[("fsdp1", 4, True)], runs[("fsdp1", 4, False)]
+    fsdp1_on, fsdp1_off = runs[("fsdp1", 4, True, "none")], runs[("fsdp1", 4, False, "none")]
     assert fsdp1_on["collectives"]["reduce_scatter"]["calls"] == 5  # one per unit, last micro-batch
     assert fsdp1_off["collectives"]["reduce_scatter"]["calls"] == 4 * 5
-    assert runs[("fsdp1", 4, True)]["padded_numel"] != runs[("fsdp2", 4, True)]["padded_numel"]
+    assert fsdp1_on["padded_numel"] != runs[("fsdp2", 4, True, "none")]["padded_numel"]
     blocks, summary = proc.stdout.split("\nper optimizer step")
     blocks = blocks.split("\n== ")[1:]
-    assert len(blocks) == 4 and all(len(b.splitlines()) <= 15 for b in blocks)
-    assert len(summary.splitlines()) <= 8
+    assert len(blocks) == 6 and all(len(b.splitlines()) <= 15 for b in blocks)
+    assert len(summary.splitlines()) == 3 + len(runs) and "| no-sync-last |" in summary
+
+
+def test_instruments_watch_step_0_and_ms_per_step_times_the_others(both_apis):
+    """Issue 9: step 0 is measured (and left out of ms/step, as the first step always is); the
+    later steps are timed with no instrument attached, their memory and traffic columns "-"."""
+    proc, data = both_apis
+    for run in data["results"]["runs"]:
+        first, *later = run["history"]
+        assert first["step"] == 0 and first["peak_mib"] > 0 and first["sent_mib"] > 0
+        assert all(row["peak_mib"] is None and row["sent_mib"] is None for row in later)
+        assert run["ms_per_step"] == (later[0]["ms"] if later else None)  # the fsdp1 bug stops at 0
+    assert [cell.strip() for cell in proc.stdout.split("\n    1 |")[1].splitlines()[0].split("|")[2:]] == ["-", "-"]
 
 
 def test_sweep_bytes_and_memory_against_k():
     _, data = launched(*SWEEP)
     runs = runs_by(data)
     for k in (1, 2, 4, 8):
-        on, off = runs[("fsdp1", k, True)], runs[("fsdp1", k, False)]
+        on, off = runs[("fsdp1", k, True, "none")], runs[("fsdp1", k, False, "none")]
         assert on["grads_equal"] and off["grads_equal"]
-        assert on["reduce_bytes"] == on["reduce_bytes_theory"] == runs[("fsdp1", 1, True)]["reduce_bytes"]
+        one = runs[("fsdp1", 1, True, "none")]
+        assert on["reduce_bytes"] == on["reduce_bytes_theory"] == one["reduce_bytes"]
         assert off["reduce_bytes"] == off["reduce_bytes_theory"] == k * on["reduce_bytes"]
-        assert on["gather_bytes"] == off["gather_bytes"] == k * runs[("fsdp1", 1, True)]["gather_bytes"]
+        assert on["gather_bytes"] == off["gather_bytes"] == k * one["gather_bytes"]
         held_on = on["held_between_unsharded"] + on["held_between_sharded"]
         assert held_on == on["held_theory"] == (4 * on["num_params"] if k > 1 else 0)
 
 
-def test_no_sync_last_bug_is_caught_and_explained():
+def test_no_sync_last_bug_is_caught_and_explained(both_apis):
     """`--bug no-sync-last`: classic FSDP fails at optimizer.step() (caught, one line, explained)
-    with a wrong unsharded gradient on every rank; FSDP2 is silent and never updates."""
-    proc, data = launched(*BUG)
+    with a wrong unsharded gradient on every rank; FSDP2 is silent and never updates. The runs
+    after the failed one go on in the same launch."""
+    proc, data = both_apis
     out = proc.stdout
     assert "Traceback" not in out
     runs = runs_by(data)
-    fsdp1, fsdp2 = runs[("fsdp1", 4, True)], runs[("fsdp2", 4, True)]
+    fsdp1, fsdp2 = runs[("fsdp1", 4, True, "no-sync-last")], runs[("fsdp2", 4, True, "no-sync-last")]
 
     assert "must match the size of tensor b" in fsdp1["step_error"]
     # the quiz cites these as measured in lesson 3 (q_no_sync_last): the root unit's flat
@@ -197,7 +213,7 @@ def test_exercise_solution_passes_under_torchrun():
 def test_three_ranks_padding_and_k1():
     _, data = launched("--accum", "1,3", "--steps", "1", "--batch-size", "2", nproc=3)
     runs = runs_by(data)
-    k1, k3 = runs[("fsdp1", 1, True)], runs[("fsdp1", 3, True)]
+    k1, k3 = runs[("fsdp1", 1, True, "none")], runs[("fsdp1", 3, True, "none")]
     assert data["world_size"] == 3 and len(k3["ranks"]) == 3
     assert k1["grads_equal"] and k3["grads_equal"]
     assert k1["reduce_bytes"] == k3["reduce_bytes"] == 4 * k3["padded_numel"]
@@ -217,12 +233,14 @@ def test_list_flags_parse_once_into_typed_values():
     import sys
     sys.path.insert(0, str(REPO / "lessons" / "03_no_sync"))
     try:
-        from lesson3_plumbing import Apis, Counts, Switches
+        from lesson3_plumbing import Apis, Bugs, Counts, Switches
     finally:
         sys.path.pop(0)
     assert Counts("1, 2,8") == (1, 2, 8) and str(Counts("1,2")) == "1,2"
     assert Switches("on,off") == (True, False) and str(Switches("off,on")) == "off,on"
     assert Apis("FSDP2,fsdp1") == ("fsdp2", "fsdp1")
-    for kind, bad in ((Counts, "0"), (Counts, "4,x"), (Counts, ""), (Switches, "yes"), (Apis, "fsdp3")):
+    assert Bugs("none, no-sync-last") == ("none", "no-sync-last") and str(Bugs("none")) == "none"
+    for kind, bad in ((Counts, "0"), (Counts, "4,x"), (Counts, ""), (Switches, "yes"), (Apis, "fsdp3"),
+                      (Bugs, "no-sync")):
         with pytest.raises(Exception, match=kind.expected.split(",")[0]):
             kind(bad)

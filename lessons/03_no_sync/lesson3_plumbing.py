@@ -15,6 +15,7 @@ from fsdp_course.measure import MiB
 from fsdp_course.report import table
 
 APIS = ("fsdp1", "fsdp2")
+BUGS = ("none", "no-sync-last")
 
 
 class _List(tuple):
@@ -57,6 +58,22 @@ class Switches(_List):
 class Apis(_List):
     expected = f"{', '.join(APIS)}, or both separated by a comma"
     item = staticmethod(lambda text: APIS[APIS.index(text)])
+
+
+class Bugs(_List):
+    expected = f"{', '.join(BUGS)}, or both separated by a comma"
+    item = staticmethod(lambda text: BUGS[BUGS.index(text)])
+
+
+def check_flags(cfg) -> None:
+    """Flag combinations the script cannot run: CourseError, one line."""
+    if cfg.last_batch_size < 0:
+        raise CourseError(f"--last-batch-size {cfg.last_batch_size}: 0 (as --batch-size) or more")
+    if "no-sync-last" in cfg.bug and True not in cfg.no_sync:
+        raise CourseError("--bug no-sync-last is about no_sync: add on to --no-sync")
+    if cfg.loop_file and (tuple(cfg.bug) != ("none",) or tuple(cfg.api) != ("fsdp1",)):
+        raise CourseError("--loop-file: the exercise is written for classic FSDP (--api fsdp1), "
+                          "and your loop decides where to sync (no --bug)")
 
 
 def load_loop(path: str):
@@ -106,7 +123,9 @@ def print_check(env, result: dict, sizes: list[int], tolerance: float) -> None:
 
 def print_summary(env, runs: list[dict]) -> None:
     env.print0("\nper optimizer step (payload bytes; theory: fsdp_course.theory.accumulation):")
+    bugs = any(r["bug"] != "none" for r in runs)  # a bug column only where a run has one
     env.print0(table([{"api": r["api"], "K": r["accum"], "no_sync": Switches.show(r["no_sync"]),
+                       **({"bug": r["bug"]} if bugs else {}),
                        "reduce_scatter": r["reduce_bytes"], "theory": r["reduce_bytes_theory"],
                        "all_gather": r["gather_bytes"],
                        "grads held MiB/rank": round((r["held_between_unsharded"]

@@ -2,19 +2,21 @@
 
 Each optimizer step runs K micro-batches; only the last must reduce-scatter gradients, the
 others run in ``model.no_sync()`` (classic FSDP) or with ``set_requires_gradient_sync(False)``
-(FSDP2) and keep *unsharded* gradients. Measured per step: the gradient against one process that
+(FSDP2) and keep *unsharded* gradients. Measured in step 0: the gradient against one process that
 ran every rank's micro-batches as one batch, each collective's bytes, the gradients held between.
 
     bash launch/lesson3.sh --accum 4                       # no_sync on micro-batches 1..K-1
     bash launch/lesson3.sh --accum 4 --no-sync off         # reduce-scatter every micro-batch
     bash launch/lesson3.sh --accum 4 --bug no-sync-last    # the pitfall: no_sync on all K
     bash launch/lesson3.sh --accum 4 --api fsdp1,fsdp2     # FSDP2's set_requires_gradient_sync
-    bash launch/lesson3.sh --accum 1,2,4,8 --no-sync on,off --steps 2   # a sweep, one launch
+    bash launch/lesson3.sh --accum 1,2,4,8 --no-sync on,off --bug none,no-sync-last   # one launch
     bash launch/lesson3.sh --accum 4 --last-batch-size 1   # a short last micro-batch
     bash launch/lesson3.sh --accum 4 --loop-file my_loop.py   # your accumulate(), checked
 """
 
 import functools
+import itertools
+import statistics
 import time
 import warnings
 from contextlib import nullcontext
@@ -29,11 +31,12 @@ from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 from fsdp_course import accumulation, theory
 from fsdp_course.config import TrainConfig, describe, parse_config
 from fsdp_course.data import load_data
-from fsdp_course.dist import CourseError, distributed, mean_over_ranks
+from fsdp_course.dist import distributed, mean_over_ranks
 from fsdp_course.measure import MiB, CommCounter, state_bytes
 from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import MetricLogger, write_metrics
-from lesson3_plumbing import Apis, Counts, Switches, load_loop, print_check, print_header, print_summary
+from lesson3_plumbing import (Apis, Bugs, Counts, Switches, check_flags, load_loop, print_check, print_header,
+                              print_summary)
 
 
 @dataclass
@@ -45,8 +48,8 @@ class Config(TrainConfig):
     api: Apis = field(default=Apis("fsdp1"), metadata={
         "help": "fsdp1 (FullyShardedDataParallel + no_sync), fsdp2 (fully_shard + "
                 "set_requires_gradient_sync), or fsdp1,fsdp2"})
-    bug: str = field(default="none", metadata={
-        "choices": ("none", "no-sync-last"), "help": "no-sync-last: no sync on the last micro-batch too"})
+    bug: Bugs = field(default=Bugs("none"), metadata={
+        "help": "no-sync-last: skip the sync on the last micro-batch too; none,no-sync-last: both"})
     loop_file: str | None = field(default=None, metadata={
         "help": "a .py file defining accumulate(model, micro_batches, loss_fn): used instead of ours"})
     tolerance: float = field(default=1e-5, metadata={"help": "equal: max|g - g_ref| <= this * max|g_ref|"})
@@ -78,7 +81,7 @@ def accumulate(model, micro_batches, loss_fn, no_sync=True, bug="none"):
     return total
 
 
-def train(cfg: Config, api: str, accum: int, no_sync: bool, env, data, loop, references) -> dict:
+def train(cfg: Config, api: str, accum: int, no_sync: bool, bug: str, env, data, loop, references) -> dict:
     # --- model: the same initial weights on every rank (and in the reference) ---------------
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model_config(data.vocab_size)).to(env.device)
@@ -103,51 +106,51 @@ def train(cfg: Config, api: str, accum: int, no_sync: bool, env, data, loop, ref
     # --- optimizer: after sharding, so it holds the shards -----------------------------------
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
 
-    # loss_fn runs between one micro-batch's backward and the next one's: the moment to count
-    # the gradient bytes a rank carries from micro-batch to micro-batch.
+    # loss_fn runs between one micro-batch's backward and the next: count the gradients carried.
     held_between = {"sharded": 0, "unsharded": 0}
 
-    def loss_fn(logits, targets):
+    def counting_loss(logits, targets):
         for kind, value in accumulation.held_grad_bytes(model).items():
             held_between[kind] = max(held_between[kind], value)
         return lm_loss(logits, targets)
 
     # --- loop -------------------------------------------------------------------------------
-    print_header(env, api, accum, no_sync, cfg.bug, cfg.loop_file)
+    print_header(env, api, accum, no_sync, bug, cfg.loop_file)
     logger = MetricLogger(env, cfg.log_every)
     step_error = None
     for step in range(cfg.steps):
         micro_batches = [data.batch(step * accum + i, env.rank, env.world_size, n, cfg.seq_len, env.device)
                          for i, n in enumerate(sizes)]
+        watch = step == 0  # the instruments slow a step: they watch step 0, which ms/step leaves out
         start = time.perf_counter()
-        with CommCounter() as comm:
-            loss = loop(model, micro_batches, loss_fn)
+        with CommCounter() if watch else nullcontext() as comm:
+            loss = loop(model, micro_batches, counting_loss if watch else lm_loss)
         ms = (time.perf_counter() - start) * 1e3
-        grads = accumulation.held_grad_bytes(model)
-        if step == 0:  # step 0's gradient against the one-process, one-big-batch reference
-            check = accumulation.compare_with_reference(model, references[accum], env.rank,
-                                                        env.world_size)
+        if watch:  # the gradient against the one-process, one-big-batch reference
+            grads, collectives = accumulation.held_grad_bytes(model), comm.summary()
+            check = accumulation.compare_with_reference(model, references[accum], env.rank, env.world_size)
             check["equal"] = check["rel_err"] is not None and check["rel_err"] <= cfg.tolerance
             before = [p.detach().clone() for p in model.parameters()]
         start = time.perf_counter()
         try:
             optimizer.step()
         except RuntimeError as exc:
-            if cfg.bug == "none":
+            if bug == "none":
                 raise
             # Classic FSDP + the bug: the gradient never got reduce-scattered, so it is the
             # unsharded size while the parameter (and Adam's state) is this rank's shard.
             step_error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-        if step == 0:
+        if watch:
             check["step_changed_params"] = any(
                 not torch.equal(b, p.detach()) for b, p in zip(before, model.parameters()))
+            state = state_bytes(model, optimizer)
+            peak = state["params"] + state["optimizer"] + max(sum(held_between.values()), sum(grads.values()))
         optimizer.zero_grad(set_to_none=True)
         ms += (time.perf_counter() - start) * 1e3
-        state = state_bytes(model, optimizer)
-        peak = state["params"] + state["optimizer"] + max(sum(held_between.values()), sum(grads.values()))
         loss = torch.as_tensor(loss or 0.0, device=env.device).float()  # a learner's loop may return None
-        logger.log(step, mean_over_ranks(loss), ms, peak / MiB, comm.total_bytes / MiB,
-                   last=step == cfg.steps - 1 or step_error is not None)
+        logger.log(step, mean_over_ranks(loss), ms, peak / MiB if watch else None,
+                   comm.total_bytes / MiB if watch else None,
+                   last=watch or step == cfg.steps - 1 or step_error is not None)
         if step_error:
             break
 
@@ -155,18 +158,17 @@ def train(cfg: Config, api: str, accum: int, no_sync: bool, env, data, loop, ref
     per_rank = [None] * env.world_size
     dist.all_gather_object(per_rank, {"rank": env.rank, **check, "held_between": dict(held_between),
                                       "held_after": grads, "step_error": step_error})
-    summary = comm.summary()
     result = {
-        "api": api, "accum": accum, "no_sync": no_sync, "bug": cfg.bug, "num_params": num_params,
+        "api": api, "accum": accum, "no_sync": no_sync, "bug": bug, "num_params": num_params,
         "padded_numel": padded, "micro_batch_sizes": sizes, "step_error": step_error,
-        "ranks": per_rank, "grads_equal": all(r["equal"] for r in per_rank), "collectives": summary,
-        "reduce_bytes": summary.get("reduce_scatter", {}).get("bytes", 0),
+        "ranks": per_rank, "grads_equal": all(r["equal"] for r in per_rank), "collectives": collectives,
+        "reduce_bytes": collectives.get("reduce_scatter", {}).get("bytes", 0),
         "reduce_bytes_theory": theory.accumulation.reduce_bytes_per_step(padded, accum, no_sync),
-        "gather_bytes": summary.get("all_gather", {}).get("bytes", 0),
-        "held_between_unsharded": max(r["held_between"]["unsharded"] for r in per_rank),
-        "held_between_sharded": max(r["held_between"]["sharded"] for r in per_rank),
+        "gather_bytes": collectives.get("all_gather", {}).get("bytes", 0),
+        **{f"held_between_{kind}": max(r["held_between"][kind] for r in per_rank) for kind in held_between},
         "held_theory": theory.accumulation.held_grad_bytes_theory(num_params, padded, env.world_size,
                                                                   no_sync) if accum > 1 else 0,
+        "ms_per_step": statistics.median([row["ms"] for row in logger.history[1:]] or [None]),  # unwatched
         "loss_first": logger.history[0]["loss"], "loss_last": logger.history[-1]["loss"],
         "history": logger.history,
     }
@@ -178,26 +180,18 @@ def main() -> None:
     cfg = parse_config(Config, __doc__)
     with distributed(seed=cfg.seed) as env:
         # --- setup ---------------------------------------------------------------------------
-        if cfg.last_batch_size < 0:
-            raise CourseError(f"--last-batch-size {cfg.last_batch_size}: 0 (as --batch-size) or more")
-        if cfg.bug != "none" and tuple(cfg.no_sync) != (True,):
-            raise CourseError("--bug no-sync-last is about no_sync: leave --no-sync on")
-        if cfg.loop_file and (cfg.bug != "none" or tuple(cfg.api) != ("fsdp1",)):
-            raise CourseError("--loop-file: the exercise is written for classic FSDP (--api fsdp1), "
-                              "and your loop decides where to sync (no --bug)")
+        check_flags(cfg)  # combinations that make no sense: one line, exit 2
         learner = load_loop(cfg.loop_file) if cfg.loop_file else None
-        env.print0(f"lesson 3 | {env.world_size} ranks | {env.backend} on {env.device.type} | "
-                   f"{describe(cfg)}")
+        env.print0(f"lesson 3 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
         data = load_data(cfg.data, seed=cfg.seed)
         # FSDP2 warns that the model returns a view; lm_loss never modifies it in place.
         warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
 
         runs, references = [], {}
-        for api in cfg.api:
-            for no_sync in cfg.no_sync:
-                for accum in cfg.accum:
-                    loop = learner or functools.partial(accumulate, no_sync=no_sync, bug=cfg.bug)
-                    runs.append(train(cfg, api, accum, no_sync, env, data, loop, references))
+        for api, no_sync, accum, bug in itertools.product(cfg.api, cfg.no_sync, cfg.accum, cfg.bug):
+            if bug == "none" or no_sync:  # the bug is no_sync on the last one too: needs no_sync on
+                loop = learner or functools.partial(accumulate, no_sync=no_sync, bug=bug)
+                runs.append(train(cfg, api, accum, no_sync, bug, env, data, loop, references))
 
         print_summary(env, runs)
         write_metrics(cfg.metrics, "lesson3", env, cfg, runs[-1]["history"], {"runs": runs})
