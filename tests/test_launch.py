@@ -9,6 +9,7 @@ import stat
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -278,21 +279,29 @@ def test_setup_refuses_old_torch(tmp_path):
     assert not (venv / ".fsdp-course-setup.stamp").exists()
 
 
+def _venv_installs_this_checkout() -> bool:
+    """Is the course installed in the running venv this checkout (editable)? Otherwise
+    running setup.sh on it would re-point a venv another checkout uses at this one."""
+    probe = run_cmd([sys.executable, "-I", "-c", "import fsdp_course; print(fsdp_course.__file__)"],
+                    cwd="/", timeout=60)  # -I: neither PYTHONPATH nor the working folder
+    return probe.returncode == 0 and \
+        Path(probe.stdout.strip()).resolve().is_relative_to(REPO_ROOT.resolve())
+
+
 @pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="tests are not running in a virtual environment")
-def test_setup_is_quick_when_nothing_changed():
+def test_setup_installs_nothing_when_nothing_changed():
     """Run setup on the venv running the tests (the first run may install the course: that is
-    what setup is for); the second run must install nothing."""
+    what setup is for); the second run must install nothing and say it is up to date."""
+    if not _venv_installs_this_checkout():
+        pytest.skip("the venv running the tests installs another checkout of the course")
     env = {"VENV": sys.prefix, "SETUP_QUIET": None, "SETUP_FORCE": None, "TORCH_SPEC": None}
     first = run_cmd(["bash", REPO_ROOT / "launch/setup.sh"], env=env, timeout=900)
     assert first.returncode == 0, first.stdout + first.stderr
-    start = time.perf_counter()
-    second = run_cmd(["bash", REPO_ROOT / "launch/setup.sh"], env=env, timeout=60)
-    seconds = time.perf_counter() - start
+    second = run_cmd(["bash", REPO_ROOT / "launch/setup.sh"], env=env, timeout=300)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "up to date" in second.stdout
     assert "install" not in second.stdout.replace("nothing to install", "")
-    assert seconds < 5
-    quiet = run_cmd(["bash", REPO_ROOT / "launch/setup.sh", "--quiet"], env=env, timeout=60)
+    quiet = run_cmd(["bash", REPO_ROOT / "launch/setup.sh", "--quiet"], env=env, timeout=300)
     assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == ""
 
 
