@@ -6,6 +6,7 @@ checker and policy file work.
 
 The launches are the notebook's, with its exact flags: within a test run each runs once and is
 shared (course_lab.notebook.launch_lesson). Only the 3-rank run and one bad flag are the tests' own.
+The instruments watch step 1; ms/step is the median of the later steps, which they do not watch.
 """
 
 import functools
@@ -53,7 +54,7 @@ def prefetch():
 
 @pytest.fixture(scope="module")
 def n3():
-    proc, m = launch(2, "--wrap", "none,transformer", "--steps", "2", nproc=3)
+    proc, m = launch(2, "--wrap", "none,transformer", "--steps", "3", nproc=3)
     ok(proc)
     return runs_by(m, "wrap")
 
@@ -315,3 +316,17 @@ def test_peak_theory():
     assert theory.wrapping.gathered_peaks([3, 5], 2) == {"forward": 4 * (4 + 6), "backward": 40, "step": 40}
     assert theory.wrapping.collective_calls([10, 4, 4, 4], 2) == {"all_gather": 7, "reduce_scatter": 4}
     assert theory.wrapping.collective_calls([0, 4, 4], 2) == {"all_gather": 4, "reduce_scatter": 2}
+
+
+def test_instruments_watch_step_1_and_ms_per_step_times_the_others(n2, n3):
+    """Issue 9: only step 1's line carries memory and traffic; the others read None ("-"). With
+    a later step (the 3-rank run) ms/step is the unwatched median; with --steps 2 there is none,
+    and the run says that its time is the watched step's."""
+    for run in list(n2.values()) + list(n3.values()):
+        assert run["watched_step"] == 1
+        assert [row["peak_mib"] is not None for row in run["history"]] == [s == 1 for s in range(len(run["history"]))]
+        assert all((row["sent_mib"] is None) == (row["step"] != 1) for row in run["history"])
+    for run in n2.values():  # --steps 2
+        assert run["ms_per_step"] == run["history"][1]["ms"] and run["ms_timed"].startswith("the watched step")
+    for run in n3.values():  # --steps 3: step 2 is timed unwatched
+        assert run["ms_per_step"] == run["history"][2]["ms"] and run["ms_timed"] == "median of 1 unwatched steps"

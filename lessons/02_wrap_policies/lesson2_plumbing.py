@@ -1,5 +1,5 @@
 """What lesson 2's script needs and is not about: its list flags (parsed once, by the config),
-loading a policy file, and the tables it prints.
+loading a policy file, the time per step, and the tables it prints.
 
 A list flag is a type argparse calls on the text: ``--wrap none,size:20000`` arrives in the
 config as ``Wraps(("none", "size:20000"))``, already checked; a bad value is argparse's one-line
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import runpy
+import statistics
 from pathlib import Path
 
 from fsdp_course.dist import CourseError
@@ -68,6 +69,16 @@ def load_policy(path: str | None, wraps: Wraps):
     return policy
 
 
+def step_time(history: list[dict], watched: int) -> dict:
+    """ms/step: the median of the steps no instrument watched, step 0 (first-step set-up) left
+    out. A run too short to have one (--steps 2) falls back on the watched step, and says so."""
+    plain = [row["ms"] for row in history if row["step"] not in (0, watched)]
+    if plain:
+        return {"ms_per_step": statistics.median(plain), "ms_timed": f"median of {len(plain)} unwatched steps"}
+    return {"ms_per_step": history[watched]["ms"],
+            "ms_timed": "the watched step (no unwatched step after step 0: run --steps 3 or more)"}
+
+
 def print_units(env, title: str, units: list[dict]) -> None:
     env.print0(f"\n== {title}: {len(units)} FSDP unit(s) ==")
     env.print0(table([{**u, "MiB": round(u["gathered_bytes"] / MiB, 3)} for u in units]))
@@ -84,7 +95,7 @@ def print_report(env, run: dict, comm: dict) -> None:
                       for phase, key in (("forward", "gathered_forward"),
                                          ("backward", "gathered_backward"),
                                          ("step", "gathered_peak"))]))
-    env.print0("\ncollectives in the last step (payload bytes):")
+    env.print0(f"\ncollectives in step {run['watched_step']} (payload bytes):")
     env.print0(table([{"collective": kind, "calls": value["calls"],
                        "theory calls": run["collective_calls_theory"].get(kind, 0),
                        "bytes": value["bytes"],

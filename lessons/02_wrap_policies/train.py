@@ -4,8 +4,9 @@ once and how many bytes move; the prefetch options decide *when* each unit is ga
 Trains the course's small GPT with classic FSDP (FULL_SHARD) under each wrap policy and each
 prefetch setting (one after another in one launch) and measures the units FSDP made, the peak
 bytes of all-gathered parameters in forward and backward, and the collectives of one step,
-next to the theory (``fsdp_course.theory.wrapping``). ``--timeline`` records the last step of
-each run: when each unit is gathered, computes and is freed, on every rank.
+next to the theory (``fsdp_course.theory.wrapping``). The instruments slow a step down, so they
+watch one step (step 1) and ms/step is the median of the later steps they do not watch.
+``--timeline`` records that step too: when each unit is gathered, computes and is freed, per rank.
 
     bash launch/lesson2.sh                                   # --wrap none,transformer on 2 ranks
     bash launch/lesson2.sh --wrap none,transformer,size,custom --metrics runs/wrap.json
@@ -20,6 +21,7 @@ A policy file is a Python file that defines ``policy(module, recurse, nonwrapped
 
 import functools
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -38,7 +40,7 @@ from fsdp_course.measure import MiB, CommCounter, GatheredParamTracker, activati
 from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import MetricLogger, write_metrics
 from fsdp_course.timeline import StepTimeline
-from lesson2_plumbing import Prefetches, Wraps, load_policy, print_report, print_units
+from lesson2_plumbing import Prefetches, Wraps, load_policy, print_report, print_units, step_time
 from staged_lm import staged_lm
 
 # When FSDP gathers each unit (--prefetch). FSDP's defaults: BACKWARD_PRE, no forward
@@ -58,7 +60,7 @@ class Config(TrainConfig):
     prefetch: Prefetches = field(default=Prefetches("pre"), metadata={
         "help": "FSDP's prefetch settings to run (every --wrap with every --prefetch): "
                 + Prefetches.expected})
-    timeline: bool = field(default=False, metadata={"help": "record the last step of each run"})
+    timeline: bool = field(default=False, metadata={"help": "record the measured step of each run"})
     min_params: int = field(default=100_000, metadata={
         "help": "--wrap size: wrap a module once it holds this many not-yet-wrapped parameters"})
     policy_file: str | None = field(default=None, metadata={
@@ -109,31 +111,34 @@ def train(cfg: Config, wrap: str, prefetch: str, env, data, custom_policy) -> di
     # --- loop ------------------------------------------------------------------------------------
     print_units(env, f"--wrap {wrap} --prefetch {prefetch}", units)
     logger = MetricLogger(env, cfg.log_every)
-    peak_forward = peak_backward = peak_total = 0
+    watched = min(1, cfg.steps - 1)  # after step 0: prefetching follows the order step 0 recorded
     for step in range(cfg.steps):
         x, y = data.batch(step, env.rank, env.world_size, cfg.batch_size, cfg.seq_len, env.device)
-        record = cfg.timeline and step == cfg.steps - 1
-        if record:
+        watch = step == watched  # the instruments slow a step down: they watch this one only
+        if watch and cfg.timeline:
             dist.barrier()  # the ranks start the recorded step together: one time axis
-        timeline = StepTimeline(model, enabled=record)
+        timeline = StepTimeline(model, enabled=watch and cfg.timeline)
         start = time.perf_counter()
-        with CommCounter() as comm, timeline:
-            with (GatheredParamTracker(model) as forward, activation_bytes(model) as activations,
+        with CommCounter() if watch else nullcontext() as comm, timeline:
+            with (GatheredParamTracker(model) if watch else nullcontext() as forward,
+                  activation_bytes(model) if watch else nullcontext() as activations,
                   timeline.phase("forward")):
                 loss = lm_loss(model(x), y)
-            with GatheredParamTracker(model) as backward, timeline.phase("backward"):
+            with (GatheredParamTracker(model) if watch else nullcontext() as backward,
+                  timeline.phase("backward")):
                 loss.backward()
-            measured = state_bytes(model, optimizer)  # before zero_grad: gradients still held
+            if watch:
+                measured = state_bytes(model, optimizer)  # before zero_grad: gradients still held
+                peak_forward, peak_backward, collectives = forward.peak, backward.peak, comm.summary()
+                total = sum(measured.values()) + max(forward.peak, backward.peak) + activations["bytes"]
             with timeline.phase("optimizer"):
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
         ms = (time.perf_counter() - start) * 1e3
-        gathered = max(forward.peak, backward.peak)
-        peak_forward, peak_backward = max(peak_forward, forward.peak), max(peak_backward, backward.peak)
-        total = sum(measured.values()) + gathered + activations["bytes"]
-        peak_total = max(peak_total, total)
-        logger.log(step, mean_over_ranks(loss), ms, total / MiB, comm.total_bytes / MiB,
-                   last=step == cfg.steps - 1)
+        logger.log(step, mean_over_ranks(loss), ms, total / MiB if watch else None,
+                   comm.total_bytes / MiB if watch else None, last=watch or step == cfg.steps - 1)
+        if watch:
+            recorded = timeline.events
 
     # --- report: measured next to theory -----------------------------------------------------
     nested = wrapping.is_nested(planned)
@@ -143,8 +148,8 @@ def train(cfg: Config, wrap: str, prefetch: str, env, data, custom_policy) -> di
         unit_numels, env.world_size, backward_prefetch=backward_prefetch and backward_prefetch.name,
         forward_prefetch=fsdp_args.get("forward_prefetch", False))
     per_rank = [None] * env.world_size
-    dist.all_gather_object(per_rank, {"gathered": max(peak_forward, peak_backward), "total": peak_total,
-                                      "timeline": timeline.events})
+    dist.all_gather_object(per_rank, {"gathered": max(peak_forward, peak_backward), "total": total,
+                                      "timeline": recorded})
     run = {
         "wrap": wrap, "prefetch": prefetch, "fsdp_args": {k: str(v) for k, v in fsdp_args.items()},
         "model": cfg.model, "num_params": sum(unit_numels), "units": units, "num_units": len(units),
@@ -155,14 +160,14 @@ def train(cfg: Config, wrap: str, prefetch: str, env, data, custom_policy) -> di
         "gathered_theory_by_phase": peaks_theory,
         "per_rank": [{k: v for k, v in r.items() if k != "timeline"} for r in per_rank],
         "timeline": [r["timeline"] for r in per_rank] if cfg.timeline else None,
-        "collectives": comm.summary(),
+        "collectives": collectives,
         "collective_calls_theory": theory.wrapping.collective_calls(unit_numels, env.world_size),
         "collective_bytes_theory": theory.collective_bytes(unit_numels, env.world_size, "FULL_SHARD"),
-        "ms_per_step": sorted(row["ms"] for row in logger.history)[len(logger.history) // 2],
+        "watched_step": watched, **step_time(logger.history, watched),
         "loss_first": logger.history[0]["loss"], "loss_last": logger.history[-1]["loss"],
         "module_tree": repr(model), "history": logger.history,
     }
-    print_report(env, run, comm.summary())
+    print_report(env, run, collectives)
     return run
 
 
