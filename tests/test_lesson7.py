@@ -4,7 +4,8 @@ bf16, with and without activation checkpointing; "does not fit" under a real mem
 checkpointing's memory and losses; the wrong order's symptom; offload; the 7B estimate; the
 exercise.
 
-The notebook's launches are read from the notebook itself, so a test run starts each once."""
+The notebook's launch is read from the notebook itself, so a test run starts it once; the
+4-rank launch of the planner's matrix also runs the notebook's limit demo on 4 ranks."""
 from __future__ import annotations
 
 import json
@@ -45,16 +46,24 @@ def ok(run):
     return run.metrics
 
 
+def lesson_launch(nproc: int):
+    """The notebook's launch on 2 ranks; on 1 and 4 ranks the planner's matrix (and on 4 the
+    notebook's limit demo too). Each runs once per test run (launch_lesson's cache)."""
+    if nproc == 2:
+        return launch_lesson(7, "--variants", notebook_value("LESSON_VARIANTS"), nproc=2)
+    limit = notebook_value("LIMIT")
+    extra = f";strategy=DDP,{limit};strategy=FULL_SHARD,{limit}" if nproc == 4 else ""
+    return launch_lesson(7, "--variants", MATRIX + extra, nproc=nproc)
+
+
+def unlimited(runs: list[dict]) -> list[dict]:
+    return [r for r in runs if not r["config"]["rank_memory_mib"]]
+
+
 @pytest.fixture(scope="module")
 def main_run():
-    metrics = ok(launch_lesson(7, "--variants", notebook_value("MAIN_VARIANTS"), nproc=2))
+    metrics = ok(lesson_launch(2))
     return metrics, {r["label"]: r for r in metrics["results"]["runs"]}
-
-
-@pytest.fixture(scope="module")
-def n4_run():
-    run = launch_lesson(7, "--variants", notebook_value("N4_VARIANTS"), nproc=4)
-    return ok(run), run.stdout
 
 
 def validated(runs: list[dict]) -> list[dict]:
@@ -89,21 +98,27 @@ def test_planner_matches_the_trackers_on_2_ranks(main_run):
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 4])
 def test_planner_matches_the_trackers_on_1_and_4_ranks(nproc):
-    metrics = ok(launch_lesson(7, "--variants", MATRIX, nproc=nproc))
-    runs = metrics["results"]["runs"]
+    metrics = ok(lesson_launch(nproc))
+    runs = unlimited(metrics["results"]["runs"])
     assert len(runs) == 8 and {r["config"]["api"] for r in runs} == {"fsdp2", "classic"}
     assert_planner_matches(runs, nproc)
 
 
 @pytest.mark.slow
-def test_does_not_fit_unsharded_but_trains_sharded_under_the_same_limit(n4_run):
-    metrics, out = n4_run
-    (ddp, fsdp), outcomes = metrics["results"]["runs"], metrics["results"]["outcomes"]
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_does_not_fit_unsharded_but_trains_sharded_under_the_same_limit(nproc):
+    run = lesson_launch(nproc)
+    metrics, out = ok(run), run.stdout
+    runs = metrics["results"]["runs"]
+    (ddp, fsdp) = [r for r in runs if r["config"]["rank_memory_mib"]]
+    assert runs[:2] == [ddp, fsdp]  # the limited runs come first
+    outcomes = {o["label"]: o["per_rank"] for o in metrics["results"]["outcomes"]}
     limit = ddp["config"]["rank_memory_mib"]
-    assert metrics["world_size"] == 4 and fsdp["config"]["rank_memory_mib"] == limit > 0
+    assert metrics["world_size"] == nproc and fsdp["config"]["rank_memory_mib"] == limit > 0
+    assert (ddp["config"]["strategy"], fsdp["config"]["strategy"]) == ("DDP", "FULL_SHARD")
     assert ddp["prediction"]["fits"] is False and fsdp["prediction"]["fits"] is True
-    assert all("can't allocate memory" in o for o in outcomes[0]["per_rank"]), outcomes[0]
-    assert outcomes[1]["per_rank"] == ["trained"] * 4
+    assert all("can't allocate memory" in o for o in outcomes[ddp["label"]]), outcomes[ddp["label"]]
+    assert outcomes[fsdp["label"]] == ["trained"] * nproc
     assert all(math.isfinite(h["loss"]) for h in fsdp["history"]) and 0 < fsdp["vm_growth"] < limit * 2 ** 20
     # the planner spoke first: its verdict is printed before the run's failure
     assert out.index("does NOT fit") < out.index("FAILED on rank 0: RuntimeError: [enforce fail")

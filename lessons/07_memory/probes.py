@@ -184,6 +184,19 @@ def vm_size() -> int:
     raise OSError("no VmSize in /proc/self/status (address-space limits need Linux)")
 
 
+def _libc():
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # glibc's mallopt parameters
+
+
 def return_freed_memory_at_once() -> None:
     """Make the address space follow the live bytes. glibc's malloc serves a large block from
     its own heap once a block that size has been freed (its threshold adapts), and keeps freed
@@ -191,19 +204,27 @@ def return_freed_memory_at_once() -> None:
     A fixed threshold of 64 KiB gives every tensor larger than that its own mapping, returned
     to the kernel when the tensor is freed. And a thread that finds the heap busy may open an
     arena of its own, reserving 64 MiB of address space at once (measured: a rank grew by 104
-    MiB in its first step where 40 were used): one arena for all threads from now on.
+    MiB in its first step where 40 were used): one arena for all threads. Call it before any
+    thread starts: memory a thread's arena or the heap already holds would be room the limit
+    does not see (measured, called late: DDP trained a step that does not fit in the limit).
     (Linux with glibc; elsewhere nothing changes.)"""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(-8, 1)  # M_ARENA_MAX: no new per-thread arenas
-        libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD: fixed, no longer adaptive
-        libc.mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD: give heap tops back early
+    libc = _libc()
+    if libc is not None and hasattr(libc, "mallopt"):
+        libc.mallopt(M_ARENA_MAX, 1)
+        libc.mallopt(M_MMAP_THRESHOLD, 64 * 1024)  # fixed, no longer adaptive
+        libc.mallopt(M_TRIM_THRESHOLD, 128 * 1024)  # give heap tops back early
         libc.malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+
+
+def keep_freed_memory_again() -> None:
+    """After the limited runs: large blocks from the heap again, freed memory kept for reuse,
+    as glibc does by default once its thresholds have adapted (to at most 32 MiB and twice
+    that). A mapping made and zeroed for every large tensor costs time (measured: up to half
+    again as much CPU time per step), which the runs without a limit need not pay."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "mallopt"):
+        libc.mallopt(M_MMAP_THRESHOLD, 32 * 2 ** 20)
+        libc.mallopt(M_TRIM_THRESHOLD, 64 * 2 ** 20)
 
 
 @contextmanager
