@@ -81,6 +81,12 @@ def flight_recorder_tail(count: int = 2) -> list[dict]:
              "sizes": e.get("input_sizes"), "state": e.get("state")} for e in entries[-count:]]
 
 
+def print_flight_recorder(rank: int) -> None:
+    """This rank's last recorded collectives, one whole line each on stderr."""
+    for entry in flight_recorder_tail():
+        say_rank(rank, f"flight recorder: #{entry['seq']} {entry['op']} sizes {entry['sizes']} {entry['state']}")
+
+
 def is_collective_error(exc: BaseException) -> bool:
     """A failure of communication (timeout, lost peer, mismatch), not of this rank's own work."""
     text = str(exc).lower()
@@ -117,6 +123,15 @@ def load_evaluate(path: str):
 def eval_batch(data, step: int, rank: int, world_size: int, cfg):
     """This rank's rows of the held-out batch after ``step`` (all ranks' rows: the global one)."""
     return data.batch(EVAL_SEED_OFFSET + step, rank, world_size, cfg.batch_size, cfg.seq_len)
+
+
+def compare_eval(value, model, data, cfg, env) -> dict:
+    """The exercise's result: what ``evaluate`` returned on rank 0 after the last evaluated step,
+    next to one process's loss on the whole held-out batch (collective: every rank calls it)."""
+    last = max(s for s in range(cfg.steps) if s % 2 == 1)
+    result = {"value": value, "step": last, "reference": reference_eval(model, data, last, cfg, env)}
+    env.print0(f"held-out loss: yours {value}, one process on the global batch {result['reference']:.6f}")
+    return result
 
 
 def reference_eval(model, data, step: int, cfg, env) -> float:

@@ -147,11 +147,11 @@ def waiting_line(stack: str, prefer: str = "train.py") -> dict:
             "script_line": " ".join(ours) if ours else "?"}
 
 
-def hang_and_dump(*args, timeout_s: int = 8, settle_s: float = 1.0, env: dict | None = None,
+def hang_and_dump(*args, timeout_s: int = 8, settle_s: float = 0.5, env: dict | None = None,
                   nproc: int = 2) -> dict:
-    """Launch a job that hangs; once every rank's stack has stopped changing, ``py-spy dump``
-    each rank; then let the collective timeout end the job. Returns the stacks, the line each
-    rank waits on, and the times (seconds from the last step line the job printed)."""
+    """Launch a job that hangs; ``py-spy dump`` each rank until two rounds of stacks agree (the
+    ranks have stopped moving); then let the collective timeout end the job. Returns the stacks,
+    the line each rank waits on, and the times (seconds from the last step line the job printed)."""
     job = launch(*args, nproc=nproc, env={"COURSE_TIMEOUT_S": timeout_s, **(env or {})})
     stacks, previous, stuck_at = {}, None, None
     deadline = time.monotonic() + 120
@@ -160,12 +160,11 @@ def hang_and_dump(*args, timeout_s: int = 8, settle_s: float = 1.0, env: dict | 
         pids = worker_pids(job.proc.pid)
         if len(pids) < nproc or job.last_step_time() is None:
             continue
-        current = {rank: waiting_line(dump_stack(pid)) for rank, pid in sorted(pids.items())}
-        if current == previous:  # two dumps alike, a second apart: nobody moves
-            stuck_at = time.monotonic() - job.start
-            stacks = {rank: dump_stack(pid) for rank, pid in sorted(pids.items())}
+        current = {rank: dump_stack(pid) for rank, pid in sorted(pids.items())}
+        if previous and {r: waiting_line(s) for r, s in current.items()} == previous:  # nobody moves
+            stuck_at, stacks = time.monotonic() - job.start, current
             break
-        previous = current
+        previous = {r: waiting_line(s) for r, s in current.items()}
     code = job.wait(timeout=timeout_s + 60)
     hang_start = job.last_step_time()
     failed = job.first(r"error: ")

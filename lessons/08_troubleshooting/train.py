@@ -8,9 +8,8 @@
     # two "nodes" on this machine, HSDP: replicate across nodes, shard within (run both lines):
     NNODES=2 NODE_RANK=0 MASTER_ADDR=127.0.0.1 bash launch/lesson8.sh --replicas 2 --compare-flat
     NNODES=2 NODE_RANK=1 MASTER_ADDR=127.0.0.1 bash launch/lesson8.sh --replicas 2 --compare-flat
-    # node 1's workers killed at step 5, both nodes restart from the last checkpoint:
-    MAX_RESTARTS=1 NNODES=2 NODE_RANK=0|1 MASTER_ADDR=127.0.0.1 bash launch/lesson8.sh \\
-        --replicas 2 --ckpt-every 2 --kill-node-at-step 5
+    # node 1's workers killed at step 5; both nodes restart from the last checkpoint (NODE_RANK=0 and 1):
+    MAX_RESTARTS=1 NNODES=2 NODE_RANK=0|1 MASTER_ADDR=127.0.0.1 bash launch/lesson8.sh --replicas 2 --ckpt-every 2 --kill-node-at-step 5
     NPROC=4 bash launch/lesson8.sh --tp 2                         # 2-D mesh: FSDP x tensor parallel
     COURSE_TIMEOUT_S=10 bash launch/lesson8.sh --steps 4 --eval-module lessons/08_troubleshooting/broken_evaluate.py
 
@@ -108,7 +107,8 @@ def train(cfg, env, data, model, optimizer, start, counter=None, logger=None, sa
         rows = cfg.batch_size * faults.batch_scale(cfg.fault, cfg.fault_step, step, env.rank, env.world_size)
         x, y = data.batch(step, dp_rank, dp_size, rows, cfg.seq_len, env.device)
         start_time = time.perf_counter()
-        with counter if counter is not None and step == start else scale.nothing():
+        watched = counter is not None and step == start  # bytes are counted in the first step only
+        with counter if watched else scale.nothing():
             loss = lm_loss(model(x), y)
             loss.backward()
         optimizer.step()
@@ -121,8 +121,7 @@ def train(cfg, env, data, model, optimizer, start, counter=None, logger=None, sa
         if logger is not None:
             logger.log(step, loss_value, (time.perf_counter() - start_time) * 1e3,
                        sum(state_bytes(model, optimizer).values()) / MiB,
-                       counter.total_bytes / MiB if counter is not None and step == start else 0.0,
-                       last=step == cfg.steps - 1)
+                       counter.total_bytes / MiB if watched else None, last=step == cfg.steps - 1)
         if evaluate is not None and step % 2 == 1:  # the exercise: every rank calls it
             eval_value = evaluate(model, faults.eval_batch(data, step, env.rank, env.world_size, cfg), env)
             env.print0(f"      held-out loss after step {step}: {eval_value}")
@@ -149,18 +148,16 @@ def run(cfg, env):
     reference = GPT(cfg.model_config(data.vocab_size)).to(env.device)
     model, optimizer = build(cfg, reference, fsdp_mesh, tp_mesh)
     results = {"nodes": nodes, "mesh": {"shape": list(mesh.shape), "names": list(mesh.mesh_dim_names)},
-               "restart_count": restart, "restart_counts": restart_counts,
-               "placements": scale.placements_table(model)}
+               "restart_count": restart, "restart_counts": restart_counts, "placements": scale.placements_table(model)}
 
     # --- checkpoint: a restarted job resumes from the newest complete checkpoint ------------------
     start = 0
     if restart > 0 and ckpt.latest(cfg.ckpt_dir):
         start = load_checkpoint(ckpt.latest(cfg.ckpt_dir), model, optimizer)
         env.print0(f"resumed from {ckpt.latest(cfg.ckpt_dir)} (step {start})")
-    elif cfg.ckpt_every:  # a fresh run: forget the checkpoints of earlier runs
-        if env.is_rank0:
-            shutil.rmtree(cfg.ckpt_dir, ignore_errors=True)
-        dist.barrier()
+    elif cfg.ckpt_every and env.is_rank0:  # a fresh run: forget the checkpoints of earlier runs
+        shutil.rmtree(cfg.ckpt_dir, ignore_errors=True)
+    dist.barrier()  # every rank calls it (whatever the branch above did) before anyone saves
     results["resumed_from"] = start
 
     # --- loop --------------------------------------------------------------------------------
@@ -173,12 +170,8 @@ def run(cfg, env):
     eval_value = train(cfg, env, data, model, optimizer, start, counter, logger, evaluate=evaluate,
                        restart=restart)
     dist.barrier()  # every rank has finished training before the report
-    if evaluate is not None:
-        last = max(s for s in range(cfg.steps) if s % 2 == 1)
-        results["eval"] = {"value": eval_value, "step": last,
-                           "reference": faults.reference_eval(model, data, last, cfg, env)}
-        env.print0(f"held-out loss: yours {eval_value}, one process on the global batch "
-                   f"{results['eval']['reference']:.6f}")
+    if evaluate is not None:  # the exercise: rank 0's value vs one process on the global batch
+        results["eval"] = faults.compare_eval(eval_value, model, data, cfg, env)
 
     # --- report ------------------------------------------------------------------------------
     results["collectives"] = counter.scoped
@@ -204,9 +197,7 @@ def main() -> None:
             run(cfg, env)
         except RuntimeError as exc:
             if faults.is_collective_error(exc):  # which collective was this rank last waiting in?
-                for entry in faults.flight_recorder_tail():
-                    faults.say_rank(env.rank, f"flight recorder: #{entry['seq']} {entry['op']} "
-                                              f"sizes {entry['sizes']} {entry['state']}")
+                faults.print_flight_recorder(env.rank)
             raise
 
 
