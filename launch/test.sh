@@ -17,7 +17,7 @@ cd "$COURSE_ROOT"
 # Two pytest workers (pytest-xdist) by group (tests/conftest.py): a lesson's script tests and
 # its notebook on one worker, so the launches they share run once; any other file whole. Most
 # of a launch is Python importing torch in every rank, and two workers keep both cores busy
-# while one waits. TEST_WORKERS=1 runs
+# while one waits; the longest groups go first (tests/conftest.py). TEST_WORKERS=1 runs
 # serially; an explicit -n/--numprocesses in the arguments wins.
 workers="${TEST_WORKERS:-2}"
 if ! course_is_posint "$workers"; then
@@ -26,6 +26,6 @@ fi
 parallel=()
 case " $* " in
     *" -n "*|*" -n"[0-9]*|*" --numprocesses"*|*" -p no:xdist "*) ;;
-    *) if [[ "$workers" -gt 1 ]]; then parallel=(-n "$workers" --dist loadgroup); fi ;;
+    *) if [[ "$workers" -gt 1 ]]; then parallel=(-n "$workers" --dist loadgroup --no-loadscope-reorder); fi ;;
 esac
 exec "$PY" -m pytest ${parallel[@]+"${parallel[@]}"} "$@"
