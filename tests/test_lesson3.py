@@ -23,15 +23,20 @@ from course_lab.exercises import lesson3 as ex3
 REPO = Path(__file__).resolve().parents[1]
 SOLUTION = REPO / "solutions" / "lesson3_accumulate.py"
 # The notebook's launches, flag for flag:
-# K = 4 in both APIs, no_sync on and off, and the no-sync-last pitfall (where no_sync is on):
+# K = 4 in both APIs, no_sync on and off, and the two pitfalls on the lesson's loop (no_sync on):
+# no sync on the last micro-batch either, and a short last micro-batch.
 K4 = ("--accum", "4", "--api", "fsdp1,fsdp2", "--no-sync", "on,off", "--bug", "none,no-sync-last",
-      "--steps", "2", "--batch-size", "2", "--log-every", "1")
+      "--last-batch-size", "0,1", "--steps", "2", "--batch-size", "2", "--log-every", "1")
 SWEEP = ("--accum", "1,2,4,8", "--no-sync", "on,off", "--steps", "1", "--batch-size", "2", "--log-every", "10")
-UNEVEN = ("--accum", "4", "--batch-size", "4", "--last-batch-size", "1", "--steps", "1", "--log-every", "10")
+
+
+def short_last(run):
+    return len(set(run["micro_batch_sizes"])) > 1
 
 
 def runs_by(data):
-    return {(r["api"], r["accum"], r["no_sync"], r["bug"]): r for r in data["results"]["runs"]}
+    """The runs with equal micro-batches, by (api, K, no_sync, bug)."""
+    return {(r["api"], r["accum"], r["no_sync"], r["bug"]): r for r in data["results"]["runs"] if not short_last(r)}
 
 
 def launched(*args, nproc=2):
@@ -131,8 +136,8 @@ def test_both_apis_match_the_big_batch_and_no_sync_reduces_once(both_apis):
     assert fsdp1_on["padded_numel"] != runs[("fsdp2", 4, True, "none")]["padded_numel"]
     blocks, summary = proc.stdout.split("\nper optimizer step")
     blocks = blocks.split("\n== ")[1:]
-    assert len(blocks) == 6 and all(len(b.splitlines()) <= 15 for b in blocks)
-    assert len(summary.splitlines()) == 3 + len(runs) and "| no-sync-last |" in summary
+    assert len(blocks) == 8 and all(len(b.splitlines()) <= 15 for b in blocks)
+    assert len(summary.splitlines()) == 3 + 8 and "| no-sync-last |" in summary and " 2+2+2+1 |" in summary
 
 
 def test_instruments_watch_step_0_and_ms_per_step_times_the_others(both_apis):
@@ -192,14 +197,17 @@ def test_no_sync_last_bug_is_caught_and_explained(both_apis):
     assert "changed nothing" in out
 
 
-def test_loss_over_k_is_wrong_for_a_short_last_micro_batch():
-    """The lesson's loop on micro-batches of 4 + 4 + 4 + 1 sequences: synced right (one
-    reduce-scatter per unit), and yet every rank's gradient is off — no error says so."""
-    _, data = launched(*UNEVEN)
-    run = data["results"]["runs"][0]
-    assert run["micro_batch_sizes"] == [4, 4, 4, 1]
-    assert run["reduce_bytes"] == run["reduce_bytes_theory"]
-    assert not run["grads_equal"] and all(r["rel_err"] > 1e-2 for r in run["ranks"])
+def test_loss_over_k_is_wrong_for_a_short_last_micro_batch(both_apis):
+    """The lesson's loop on micro-batches of 2 + 2 + 2 + 1 sequences, in both APIs: synced right
+    (one reduce-scatter per unit), and yet every rank's gradient is off — no error says so. Only
+    the lesson's loop gets the short micro-batch (no_sync on, no bug): one pitfall at a time."""
+    _, data = both_apis
+    short = [r for r in data["results"]["runs"] if short_last(r)]
+    assert sorted(r["api"] for r in short) == ["fsdp1", "fsdp2"]
+    for run in short:
+        assert run["micro_batch_sizes"] == [2, 2, 2, 1] and run["no_sync"] and run["bug"] == "none"
+        assert run["reduce_bytes"] == run["reduce_bytes_theory"]
+        assert not run["grads_equal"] and all(r["rel_err"] > 1e-2 for r in run["ranks"])
 
 
 def test_exercise_solution_passes_under_torchrun():
@@ -229,18 +237,40 @@ def test_bad_flags_are_one_line():
     assert "Traceback" not in proc.stderr
 
 
+def test_planned_runs_skip_combinations_that_show_nothing():
+    import sys
+    from types import SimpleNamespace
+    sys.path.insert(0, str(REPO / "lessons" / "03_no_sync"))
+    try:
+        from lesson3_plumbing import Apis, Bugs, Counts, Sizes, Switches, planned_runs
+    finally:
+        sys.path.pop(0)
+    from fsdp_course.dist import CourseError
+
+    def plan(no_sync, bug, last):
+        return planned_runs(SimpleNamespace(api=Apis("fsdp1"), no_sync=Switches(no_sync), accum=Counts("3"),
+                                            bug=Bugs(bug), last_batch_size=Sizes(last), batch_size=2))
+    assert plan("on,off", "none,no-sync-last", "0,1") == [
+        ("fsdp1", (2, 2, 2), True, "none"), ("fsdp1", (2, 2, 1), True, "none"),
+        ("fsdp1", (2, 2, 2), True, "no-sync-last"), ("fsdp1", (2, 2, 2), False, "none")]
+    assert plan("on", "none", "2") == [("fsdp1", (2, 2, 2), True, "none")]  # 2 = --batch-size: not short
+    with pytest.raises(CourseError, match="short last micro-batch runs with --no-sync on"):
+        plan("off", "none", "1")
+
+
 def test_list_flags_parse_once_into_typed_values():
     import sys
     sys.path.insert(0, str(REPO / "lessons" / "03_no_sync"))
     try:
-        from lesson3_plumbing import Apis, Bugs, Counts, Switches
+        from lesson3_plumbing import Apis, Bugs, Counts, Sizes, Switches
     finally:
         sys.path.pop(0)
     assert Counts("1, 2,8") == (1, 2, 8) and str(Counts("1,2")) == "1,2"
     assert Switches("on,off") == (True, False) and str(Switches("off,on")) == "off,on"
     assert Apis("FSDP2,fsdp1") == ("fsdp2", "fsdp1")
     assert Bugs("none, no-sync-last") == ("none", "no-sync-last") and str(Bugs("none")) == "none"
+    assert Sizes("0,1") == (0, 1)
     for kind, bad in ((Counts, "0"), (Counts, "4,x"), (Counts, ""), (Switches, "yes"), (Apis, "fsdp3"),
-                      (Bugs, "no-sync")):
+                      (Bugs, "no-sync"), (Sizes, "-1")):
         with pytest.raises(Exception, match=kind.expected.split(",")[0]):
             kind(bad)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 
 from fsdp_course.dist import CourseError
 from fsdp_course.measure import MiB
@@ -49,6 +50,17 @@ class Counts(_List):
     item = staticmethod(_count)
 
 
+def _size(text: str) -> int:
+    if int(text) < 0:
+        raise ValueError(text)
+    return int(text)
+
+
+class Sizes(_List):
+    expected = "whole numbers of 0 or more, e.g. 1 or 0,1"
+    item = staticmethod(_size)
+
+
 class Switches(_List):
     expected = "on, off, or on,off"
     item = staticmethod(lambda text: {"on": True, "off": False}[text])
@@ -67,13 +79,27 @@ class Bugs(_List):
 
 def check_flags(cfg) -> None:
     """Flag combinations the script cannot run: CourseError, one line."""
-    if cfg.last_batch_size < 0:
-        raise CourseError(f"--last-batch-size {cfg.last_batch_size}: 0 (as --batch-size) or more")
     if "no-sync-last" in cfg.bug and True not in cfg.no_sync:
         raise CourseError("--bug no-sync-last is about no_sync: add on to --no-sync")
     if cfg.loop_file and (tuple(cfg.bug) != ("none",) or tuple(cfg.api) != ("fsdp1",)):
         raise CourseError("--loop-file: the exercise is written for classic FSDP (--api fsdp1), "
                           "and your loop decides where to sync (no --bug)")
+
+
+def planned_runs(cfg) -> list[tuple]:
+    """(api, micro-batch sizes, no_sync, bug) for every combination of the list flags that shows
+    something: the bug is no_sync on the last micro-batch too, so it needs no_sync on; a short
+    last micro-batch is about the loss scaling of the lesson's own loop (no_sync on, no bug)."""
+    runs = []
+    for api, no_sync, accum, bug, last in itertools.product(cfg.api, cfg.no_sync, cfg.accum, cfg.bug,
+                                                            cfg.last_batch_size):
+        sizes = (cfg.batch_size,) * (accum - 1) + (last or cfg.batch_size,)
+        short = len(set(sizes)) > 1
+        if (no_sync or bug == "none") and (not short or (no_sync and bug == "none")):
+            runs.append((api, sizes, no_sync, bug))
+    if not runs:
+        raise CourseError("--last-batch-size: a short last micro-batch runs with --no-sync on and no --bug")
+    return runs
 
 
 def load_loop(path: str):
@@ -90,11 +116,12 @@ def load_loop(path: str):
     return module.accumulate
 
 
-def print_header(env, api: str, accum: int, no_sync: bool, bug: str, loop_file: str | None) -> None:
+def print_header(env, api: str, sizes: list[int], no_sync: bool, bug: str, loop_file: str | None) -> None:
     skip = "no_sync()" if api == "fsdp1" else "gradient sync off"
     which = "all" if bug != "none" else "all but the last of"
-    what = f"{skip} on {which} {accum} micro-batches" if no_sync else "sync on every micro-batch"
-    env.print0(f"\n== {api}, K={accum}: {what}{', your accumulate()' if loop_file else ''} ==")
+    what = f"{skip} on {which} {len(sizes)} micro-batches" if no_sync else "sync on every micro-batch"
+    uneven = f" of {' + '.join(map(str, sizes))} sequences" if len(set(sizes)) > 1 else ""
+    env.print0(f"\n== {api}, K={len(sizes)}: {what}{uneven}{', your accumulate()' if loop_file else ''} ==")
 
 
 def held_mib(held: dict) -> float:
@@ -124,8 +151,10 @@ def print_check(env, result: dict, sizes: list[int], tolerance: float) -> None:
 def print_summary(env, runs: list[dict]) -> None:
     env.print0("\nper optimizer step (payload bytes; theory: fsdp_course.theory.accumulation):")
     bugs = any(r["bug"] != "none" for r in runs)  # a bug column only where a run has one
+    uneven = any(len(set(r["micro_batch_sizes"])) > 1 for r in runs)  # ... sizes where they differ
     env.print0(table([{"api": r["api"], "K": r["accum"], "no_sync": Switches.show(r["no_sync"]),
                        **({"bug": r["bug"]} if bugs else {}),
+                       **({"sequences": "+".join(map(str, r["micro_batch_sizes"]))} if uneven else {}),
                        "reduce_scatter": r["reduce_bytes"], "theory": r["reduce_bytes_theory"],
                        "all_gather": r["gather_bytes"],
                        "grads held MiB/rank": round((r["held_between_unsharded"]

@@ -10,12 +10,11 @@ ran every rank's micro-batches as one batch, each collective's bytes, the gradie
     bash launch/lesson3.sh --accum 4 --bug no-sync-last    # the pitfall: no_sync on all K
     bash launch/lesson3.sh --accum 4 --api fsdp1,fsdp2     # FSDP2's set_requires_gradient_sync
     bash launch/lesson3.sh --accum 1,2,4,8 --no-sync on,off --bug none,no-sync-last   # one launch
-    bash launch/lesson3.sh --accum 4 --last-batch-size 1   # a short last micro-batch
+    bash launch/lesson3.sh --accum 4 --last-batch-size 1   # a short last micro-batch (0,1: both)
     bash launch/lesson3.sh --accum 4 --loop-file my_loop.py   # your accumulate(), checked
 """
 
 import functools
-import itertools
 import statistics
 import time
 import warnings
@@ -35,8 +34,8 @@ from fsdp_course.dist import distributed, mean_over_ranks
 from fsdp_course.measure import MiB, CommCounter, state_bytes
 from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import MetricLogger, write_metrics
-from lesson3_plumbing import (Apis, Bugs, Counts, Switches, check_flags, load_loop, print_check, print_header,
-                              print_summary)
+from lesson3_plumbing import (Apis, Bugs, Counts, Sizes, Switches, check_flags, load_loop, planned_runs,
+                              print_check, print_header, print_summary)
 
 
 @dataclass
@@ -55,8 +54,8 @@ class Config(TrainConfig):
     tolerance: float = field(default=1e-5, metadata={"help": "equal: max|g - g_ref| <= this * max|g_ref|"})
     steps: int = field(default=10, metadata={"help": "optimizer steps"})
     batch_size: int = field(default=8, metadata={"help": "sequences per rank per micro-batch"})
-    last_batch_size: int = field(default=0, metadata={
-        "help": "sequences per rank in the last micro-batch of a step (0: --batch-size)"})
+    last_batch_size: Sizes = field(default=Sizes("0"), metadata={
+        "help": "sequences per rank in the last micro-batch of a step (0: --batch-size): " + Sizes.expected})
 
 
 def accumulate(model, micro_batches, loss_fn, no_sync=True, bug="none"):
@@ -81,13 +80,13 @@ def accumulate(model, micro_batches, loss_fn, no_sync=True, bug="none"):
     return total
 
 
-def train(cfg: Config, api: str, accum: int, no_sync: bool, bug: str, env, data, loop, references) -> dict:
+def train(cfg: Config, api: str, sizes: tuple, no_sync: bool, bug: str, env, data, loop, references) -> dict:
     # --- model: the same initial weights on every rank (and in the reference) ---------------
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model_config(data.vocab_size)).to(env.device)
-    sizes = [cfg.batch_size] * (accum - 1) + [cfg.last_batch_size or cfg.batch_size]
-    if accum not in references:  # every run starts from the same weights: compute it once per K
-        references[accum] = accumulation.big_batch_reference(model, [  # every rank's rows of step 0
+    accum = len(sizes)  # K micro-batches of these sizes (sequences per rank)
+    if sizes not in references:  # every run starts from the same weights: once per sizes
+        references[sizes] = accumulation.big_batch_reference(model, [  # every rank's step-0 rows
             data.batch(i, 0, 1, n * env.world_size, cfg.seq_len, env.device) for i, n in enumerate(sizes)])
     num_params = sum(p.numel() for p in model.parameters())
     padded = (theory.accumulation.fsdp1_padded_numel(theory.fsdp_unit_numels(model, Block), env.world_size)
@@ -115,7 +114,7 @@ def train(cfg: Config, api: str, accum: int, no_sync: bool, bug: str, env, data,
         return lm_loss(logits, targets)
 
     # --- loop -------------------------------------------------------------------------------
-    print_header(env, api, accum, no_sync, bug, cfg.loop_file)
+    print_header(env, api, sizes, no_sync, bug, cfg.loop_file)
     logger = MetricLogger(env, cfg.log_every)
     step_error = None
     for step in range(cfg.steps):
@@ -128,7 +127,7 @@ def train(cfg: Config, api: str, accum: int, no_sync: bool, bug: str, env, data,
         ms = (time.perf_counter() - start) * 1e3
         if watch:  # the gradient against the one-process, one-big-batch reference
             grads, collectives = accumulation.held_grad_bytes(model), comm.summary()
-            check = accumulation.compare_with_reference(model, references[accum], env.rank, env.world_size)
+            check = accumulation.compare_with_reference(model, references[sizes], env.rank, env.world_size)
             check["equal"] = check["rel_err"] is not None and check["rel_err"] <= cfg.tolerance
             before = [p.detach().clone() for p in model.parameters()]
         start = time.perf_counter()
@@ -188,10 +187,9 @@ def main() -> None:
         warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
 
         runs, references = [], {}
-        for api, no_sync, accum, bug in itertools.product(cfg.api, cfg.no_sync, cfg.accum, cfg.bug):
-            if bug == "none" or no_sync:  # the bug is no_sync on the last one too: needs no_sync on
-                loop = learner or functools.partial(accumulate, no_sync=no_sync, bug=bug)
-                runs.append(train(cfg, api, accum, no_sync, bug, env, data, loop, references))
+        for api, sizes, no_sync, bug in planned_runs(cfg):  # the list flags' combinations
+            loop = learner or functools.partial(accumulate, no_sync=no_sync, bug=bug)
+            runs.append(train(cfg, api, sizes, no_sync, bug, env, data, loop, references))
 
         print_summary(env, runs)
         write_metrics(cfg.metrics, "lesson3", env, cfg, runs[-1]["history"], {"runs": runs})
