@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib.util
 import logging
 import re
@@ -21,10 +22,11 @@ import torch
 import torch.distributed as dist
 
 from fsdp_course.config import build_parser
+from fsdp_course.dist import CourseError
 from fsdp_course.measure import MiB, local_tensor
 from fsdp_course.measure_fsdp2 import SUM_KEYS, causal_mask_errors, dtensor_rows
-from fsdp_course.model import GPT, lm_loss
-from fsdp_course.report import COLUMNS, MetricLogger, table
+from fsdp_course.model import GPT, ModelConfig, lm_loss
+from fsdp_course.report import table
 
 APIS = ("fsdp2", "classic")
 BUGS = ("meta-buffers", "optimizer-first")
@@ -96,10 +98,14 @@ def _read(action, value: str, item: str):
 
 
 def checked_variants(cfg, world_size: int) -> list:
-    """``expand_variants``, each one ``validate``-d (ValueError: one line for the learner)."""
-    variants = expand_variants(cfg, cfg.variants)
-    for variant in variants:
-        validate(variant, world_size)
+    """``expand_variants``, each one ``validate``-d; a CourseError (one line for the learner,
+    exit 2) for flags that mean nothing."""
+    try:
+        variants = expand_variants(cfg, cfg.variants)
+        for variant in variants:
+            validate(variant, world_size)
+    except ValueError as exc:
+        raise CourseError(str(exc)) from None
     return variants
 
 
@@ -143,16 +149,17 @@ def validate(cfg, world_size: int) -> None:
 
 
 def load_shard_fn(path: str):
-    """``shard(model, mesh)`` from the Python file at ``path`` (the exercise's entry point)."""
+    """``shard(model, mesh)`` from the Python file at ``path`` (the exercise's entry point);
+    a CourseError (one line, exit 2) when there is none."""
     file = Path(path)
     if not file.is_file():
-        raise ValueError(f"--shard-module {path}: no such file")
+        raise CourseError(f"--shard-module {path}: no such file")
     spec = importlib.util.spec_from_file_location("learner_shard", file)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     shard = getattr(module, "shard", None)
     if not callable(shard):
-        raise ValueError(f"--shard-module {path}: defines no function shard(model, mesh)")
+        raise CourseError(f"--shard-module {path}: defines no function shard(model, mesh)")
     return shard
 
 
@@ -212,14 +219,21 @@ def compile_failure(cfg):
         failed["trace"] = [f"{'/'.join(Path(f).parts[-2:])}:{line} {fn}" for f, line, fn in frames]
 
 
+@functools.lru_cache(maxsize=None)
+def _plain_meta_gpt(dims: tuple) -> GPT:
+    """An uncompiled GPT of these ``ModelConfig`` fields on the meta device, built once per
+    process: on the meta device every init op runs through Python, and every variant asks."""
+    with torch.device("meta"):
+        return GPT(ModelConfig(*dims))
+
+
 def export_check(model, model_cfg) -> str:
     """What an uncompiled GPT says when it strictly loads the keys of this model's
     ``state_dict()`` (what ``torch.save(model.state_dict())`` would carry): "ok", or the head of
     its error and the keys it names. Meta tensors into a meta model: only keys and shapes count."""
     exported = {k: torch.empty(v.shape, dtype=v.dtype, device="meta")
                 for k, v in model.state_dict().items()}
-    with torch.device("meta"):
-        plain = GPT(model_cfg)
+    plain = _plain_meta_gpt(dataclasses.astuple(model_cfg))
     try:
         plain.load_state_dict(exported, strict=True)
         return "ok"
@@ -230,21 +244,32 @@ def export_check(model, model_cfg) -> str:
             f"{len(keys.unexpected_keys)} unexpected ({', '.join(keys.unexpected_keys[:2])}, ...)")
 
 
+_reference_losses: dict[tuple, float] = {}
+
+
+def reference_loss0(cfg, env, data, reference) -> float:
+    """The single-process reference's step-0 loss on the same global batch (all micro-batches).
+    The reference is never trained: variants with the same batches share one computation."""
+    key = (id(reference), cfg.batch_size * env.world_size, cfg.seq_len, cfg.grad_accum)
+    if key not in _reference_losses:
+        with torch.no_grad():
+            _reference_losses[key] = sum(lm_loss(reference(x), y).item() for x, y in (
+                data.batch(micro, 0, 1, cfg.batch_size * env.world_size, cfg.seq_len, env.device)
+                for micro in range(cfg.grad_accum))) / cfg.grad_accum
+    return _reference_losses[key]
+
+
 def checks_before_training(cfg, env, data, model, optimizer, reference) -> dict:
-    """The layout, the buffers, who the optimizer holds, and the single-process reference's
-    step-0 loss on the same global batch (all micro-batches)."""
+    """The layout, the buffers, who the optimizer holds, and the reference's step-0 loss."""
     mask_errors = torch.tensor(causal_mask_errors(model))
     dist.all_reduce(mask_errors)  # over all ranks: each rank has its own garbage
     held = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    with torch.no_grad():
-        reference_loss0 = sum(lm_loss(reference(x), y).item() for x, y in (
-            data.batch(micro, 0, 1, cfg.batch_size * env.world_size, cfg.seq_len, env.device)
-            for micro in range(cfg.grad_accum))) / cfg.grad_accum
     return {"dtensor": dtensor_rows(model, reference) if cfg.api == "fsdp2" else [],
             "first_shards": [local_tensor(p).detach().clone() for p in model.parameters()],
             "export": export_check(model, reference.cfg) if cfg.api == "fsdp2" else "ok",
             "classes": [type(model).__name__, type(model.blocks[0]).__name__],
-            "checks": {"mask_errors": int(mask_errors), "reference_loss0": reference_loss0,
+            "checks": {"mask_errors": int(mask_errors),
+                       "reference_loss0": reference_loss0(cfg, env, data, reference),
                        "optimizer_holds_model_params": all(id(p) in held for p in model.parameters())}}
 
 
@@ -315,25 +340,6 @@ def finished_run(cfg, env, model, before: dict, history: list[dict], tracked: in
             "kept_after_forward": kept, "compiled": compiled,
             "ms_per_step": statistics.median(untracked), "first_step_ms": times[0],
             "loss_first": history[0]["loss"], "loss_last": history[-1]["loss"], "history": history}
-
-
-class StepLogger(MetricLogger):
-    """``MetricLogger`` for steps the instruments watch or not: a measured step's line is always
-    printed; the others read "-" in the memory and traffic columns, instead of a false 0."""
-
-    def log(self, step, loss, ms, peak_mib, sent_mib, last=False, **extra) -> None:
-        if peak_mib is not None:  # measured: printed whatever --log-every says (last=True)
-            return super().log(step, loss, ms, peak_mib, sent_mib, last=True, **extra)
-        self.history.append({"step": step, "loss": loss, "ms": ms, "peak_mib": None,
-                             "sent_mib": None, **extra})
-        if not self.env.is_rank0 or not (step % self.log_every == 0 or last):
-            return
-        widths = [len(fmt.format(0 if "d" in fmt else 0.0)) for _, fmt in COLUMNS]
-        if not self._printed_header:
-            self.env.print0(" | ".join(name.rjust(w) for (name, _), w in zip(COLUMNS, widths)))
-            self._printed_header = True
-        cells = [fmt.format(v) for (_, fmt), v in zip(COLUMNS, (step, loss, ms))]
-        self.env.print0(" | ".join(cells + ["-".rjust(w) for w in widths[3:]]))
 
 
 # --- tables ---------------------------------------------------------------------------------------
