@@ -1,11 +1,11 @@
 """Lesson 4 (checkpointing) under torchrun on CPU ranks: the measured facts from the metrics.
 
 The notebook's launches are made here with exactly its flags, paths and NPROC, so a test run
-starts each of them once (course_lab.notebook.launch_lesson shares them): the main run with the
-state-dict tour, the rank-0-only hang, the crash inside a save, the load on 3 ranks and the
-exercise's check of the solution. Only the tests start: classic FSDP's offload on CPU ranks, a
-crash between saves, the exercise's check of section 3's own functions (it must fail), and two
-bad inputs on 1 rank.
+starts each of them once (course_lab.notebook.launch_lesson shares them): the main run (killed
+once inside a save, resumed, then the state-dict tour), the rank-0-only hang, the load on 3 ranks
+and the exercise's check of the solution. Only the tests start: classic FSDP's offload on CPU
+ranks, a crash between saves, the exercise's check of section 3's own functions (it must fail),
+and two bad inputs on 1 rank.
 """
 import importlib.util
 from datetime import timedelta
@@ -17,7 +17,7 @@ import torch
 import quizzes
 from course_lab.exercises.lesson4 import check_dcp_save_load
 from course_lab.notebook import REPO
-from fsdp_course.checkpoint import check_loadable, compare_fingerprints
+from fsdp_course.checkpoint import check_loadable, compare_fingerprints, partial, published
 from fsdp_course.dist import CourseError
 from lesson_runs import launch, ok
 
@@ -32,8 +32,16 @@ def results(run, metrics) -> dict:
 
 
 @pytest.fixture(scope="module")
-def main():
-    return results(*launch(4, "--ckpt-dir", RUN, "--demo", "torch-save,types,rng"))
+def main_run():
+    """The notebook's main launch: rank 1 is killed inside the step-8 save on the first attempt;
+    the restarted job resumes, then runs the state-dict tour. (run, metrics)"""
+    return launch(4, "--ckpt-dir", RUN, "--crash-at-step", "8", "--crash-in", "save",
+                  "--demo", "torch-save,types,rng")
+
+
+@pytest.fixture(scope="module")
+def main(main_run):
+    return results(*main_run)
 
 
 @pytest.mark.slow
@@ -122,9 +130,9 @@ def test_load_on_3_ranks_what_2_saved(main):
 
 def test_rank0_only_state_dict_fails_in_bounded_time():
     run, _ = launch(4, "--bug", "rank0-only", "--steps", "1", "--ckpt-dir", WORK / "hang",
-                    env={"COURSE_TIMEOUT_S": "5"})  # the notebook's launch; it also bounds the join
+                    env={"COURSE_TIMEOUT_S": "2"})  # the notebook's launch
     assert run.returncode != 0
-    assert "Timed out" in run.stdout and "COURSE_TIMEOUT_S=5" in run.stdout
+    assert "Timed out" in run.stdout and "COURSE_TIMEOUT_S=2" in run.stdout
     assert "Traceback" not in run.stdout
 
 
@@ -148,15 +156,14 @@ def test_offload_to_cpu_fails_on_cpu_ranks_in_one_line():
 
 
 @pytest.mark.slow
-def test_killed_save_leaves_previous_checkpoint_loadable():
-    crash_dir = WORK / "crash"
-    run, metrics = launch(4, "--ckpt-dir", crash_dir, "--crash-at-step", "8", "--crash-in", "save")
+def test_killed_save_leaves_previous_checkpoint_loadable(main_run):
+    run, metrics = main_run
     found = results(run, metrics)
     assert "simulated crash while saving .tmp-step_000008" in run.stdout
     assert found["restart_count"] == 1 and found["resumed_from"] == 4  # the previous, complete checkpoint
     assert found["partial_found"] == [{"dir": ".tmp-step_000008", "files": ["__0_0.distcp", "__1_0.distcp"]}]
     assert found["equal_restored"]["equal"] and found["equal_uninterrupted"]["equal"]
-    assert sorted(p.name for p in crash_dir.iterdir()) == ["step_000004", "step_000008"]  # no .tmp left
+    assert [p.name for p in partial(RUN) + published(RUN)] == ["step_000004", "step_000008"]  # no .tmp left
     assert [row["step"] for row in metrics["history"]] == [4, 5, 6, 7]  # the second attempt's steps
 
 

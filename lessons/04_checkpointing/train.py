@@ -2,22 +2,21 @@
 
 Trains the course GPT (every block an FSDP unit) and checkpoints every --ckpt-every steps with
 torch.distributed.checkpoint (DCP), into a temporary directory renamed into place once every
-rank is done. A restart resumes from the newest checkpoint (model, optimizer, step = data
-position, RNG). Then two copies, restored from the oldest checkpoint and uninterrupted from
-scratch, are trained here too: all three must end bitwise identical (RNG states included).
+rank is done. A fresh run first deletes the checkpoints in --ckpt-dir; a restart (or --resume)
+resumes from the newest one (model, optimizer, step = data position, RNG). Then two copies,
+restored from the oldest checkpoint and uninterrupted from scratch, are trained here too: all
+three must end bitwise identical (RNG states included).
 
     bash launch/lesson4.sh                               # 8 steps, a checkpoint every 4, compare
     bash launch/lesson4.sh --demo torch-save,types,rng   # ... and what each state dict holds
     bash launch/lesson4.sh --rng per-rank                # a seed per rank: still bitwise?
     bash launch/lesson4.sh --crash-at-step 5             # rank N-1 is killed once; restart, resume
     bash launch/lesson4.sh --crash-at-step 8 --crash-in save    # killed half-way through a save
-    COURSE_TIMEOUT_S=5 bash launch/lesson4.sh --bug rank0-only  # state_dict() on rank 0 only: hangs
+    COURSE_TIMEOUT_S=2 bash launch/lesson4.sh --bug rank0-only  # state_dict() on rank 0 only: hangs
     bash launch/lesson4.sh --bug offload-cpu             # classic FSDP's offload_to_cpu on CPU ranks
     NPROC=2 bash launch/lesson4.sh --save runs/lesson4/dcp2     # save on 2 ranks ...
     NPROC=3 bash launch/lesson4.sh --load runs/lesson4/dcp2     # ... load on 3, checked equal
     bash launch/lesson4.sh --save DIR --reload --rng per-rank --ckpt-module solutions/lesson4_dcp_save_load.py
-
-A fresh run (not --resume, not a restart) first deletes the checkpoints in --ckpt-dir.
 """
 
 import functools
@@ -35,18 +34,16 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel as FSDP, StateDictType
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the lesson's own modules
-import pitfalls  # noqa: E402
-import plumbing  # noqa: E402
-import state_dicts  # noqa: E402
-
-from fsdp_course import checkpoint as ckpt  # noqa: E402
-from fsdp_course.config import TrainConfig, describe, parse_config  # noqa: E402
-from fsdp_course.data import load_data  # noqa: E402
-from fsdp_course.dist import distributed, mean_over_ranks  # noqa: E402
-from fsdp_course.measure import MiB, CommCounter, state_bytes  # noqa: E402
-from fsdp_course.model import GPT, Block, lm_loss  # noqa: E402
-from fsdp_course.report import MetricLogger, write_metrics  # noqa: E402
+import pitfalls  # lesson 4's own modules, next to this script (each docstring says what it holds)
+import plumbing
+import state_dicts
+from fsdp_course import checkpoint as ckpt
+from fsdp_course.config import TrainConfig, describe, parse_config
+from fsdp_course.data import load_data
+from fsdp_course.dist import distributed, mean_over_ranks, say
+from fsdp_course.measure import MiB, CommCounter, state_bytes
+from fsdp_course.model import GPT, Block, lm_loss
+from fsdp_course.report import MetricLogger, write_metrics
 
 
 @dataclass
@@ -98,8 +95,7 @@ def save_checkpoint(path, model, optimizer, step, env, crash=False):
     model_sd, optim_sd = get_state_dict(model, optimizer)  # ShardedTensors (FSDP2: DTensors)
     # The RNG state is a plain tensor, the same key on every rank: DCP keeps ONE copy of it.
     # (The CPU generator; on GPUs dropout draws from torch.cuda.get_rng_state()'s, save it too.)
-    state = {"model": model_sd, "optim": optim_sd,
-             "trainer": {"step": step, "rng": torch.get_rng_state()}}
+    state = {"model": model_sd, "optim": optim_sd, "trainer": {"step": step, "rng": torch.get_rng_state()}}
     with ckpt.atomic_dir(path, env.is_rank0) as tmp:  # .tmp-step_N, renamed once all are done
         writer = ckpt.CrashingWriter(tmp) if crash else dcp.FileSystemWriter(tmp)
         dcp.save(state, storage_writer=writer)
@@ -108,8 +104,7 @@ def save_checkpoint(path, model, optimizer, step, env, crash=False):
 def load_checkpoint(path, model, optimizer) -> int:
     """The same structure as the save, sharded as *this* run is: DCP reads the slices it needs."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd,
-             "trainer": {"step": 0, "rng": torch.get_rng_state()}}
+    state = {"model": model_sd, "optim": optim_sd, "trainer": {"step": 0, "rng": torch.get_rng_state()}}
     ckpt.check_loadable(path, {f"model.{k}": list(v.shape) for k, v in model_sd.items()})
     dcp.load(state, checkpoint_id=path)  # fills model_sd / optim_sd in place
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
@@ -149,7 +144,7 @@ def main() -> None:
         victim = restart == 0 and env.rank == env.world_size - 1 and cfg.crash_at_step is not None
         for step in range(start, cfg.steps):
             if victim and cfg.crash_in == "step" and step == cfg.crash_at_step:
-                print(f"[rank {env.rank}] simulated crash at step {step}: SIGKILL", flush=True)
+                say(f"[rank {env.rank}] simulated crash at step {step}: SIGKILL", sys.stdout)
                 os.kill(os.getpid(), signal.SIGKILL)
             with CommCounter() as comm:
                 (loss, held), ms = plumbing.timed(train_step, model, optimizer, data, env, cfg, step)
@@ -188,17 +183,16 @@ def main() -> None:
         # --- report: the run against a restored copy and an uninterrupted one -----------------
         if periodic:
             results["final"] = final = ckpt.fingerprint(model, optimizer, rng=True)
-            oldest = ckpt.published(root)[0]
+            oldest = ckpt.published(root)[0]  # restored from it with seed + 1: the load must overwrite all
             for name, seed, source in (("restored", cfg.seed + 1, oldest), ("uninterrupted", cfg.seed, None)):
-                # seed + 1: a different init, so the load has to overwrite every tensor
                 copy, copy_optimizer = build(cfg, env, data, seed)
                 first = load_checkpoint(source, copy, copy_optimizer) if source else 0
                 for step in range(first, cfg.steps):
                     train_step(copy, copy_optimizer, data, env, cfg, step)
-                results[f"equal_{name}"] = {"from_step": first, **ckpt.compare_fingerprints(
+                verdict = results[f"equal_{name}"] = {"from_step": first, **ckpt.compare_fingerprints(
                     final, ckpt.fingerprint(copy, copy_optimizer, rng=True))}
                 env.print0(f"{name:>13} copy (from step {first}) ends bitwise equal: "
-                           f"{results[f'equal_{name}']['equal']} {results[f'equal_{name}']['different'] or ''}")
+                           f"{verdict['equal']} {verdict['different'] or ''}")
             results["checkpoint_files"] = ckpt.list_files(ckpt.latest(root))
         write_metrics(cfg.metrics, "lesson4", env, cfg, logger.history, results)
 
