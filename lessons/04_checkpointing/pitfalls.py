@@ -108,10 +108,10 @@ def torch_save_pitfall(model, optimizer, env, out_dir) -> dict:
         columns = ["rank", "file", "file_bytes", "tensor type", "model bytes held", "model bytes the shapes say",
                    "optim_keys", "optim_bytes"]
         for name in ("classic", "fsdp2"):
-            print(f"\ntorch.save(model.state_dict()) on every rank, {name}:")
-            print(table([{k: r[k] for k in columns} for r in result[name]]))
-            print(f"collectives in model.state_dict() on rank 0: {result[name][0]['collectives'] or 'none'}")
-            print(table(result[f"{name}_loads"]))
+            env.print0(f"\ntorch.save(model.state_dict()) on every rank, {name}:")
+            env.print0(table([{k: r[k] for k in columns} for r in result[name]]))
+            env.print0(f"collectives in model.state_dict() on rank 0: {result[name][0]['collectives'] or 'none'}")
+            env.print0(table(result[f"{name}_loads"]))
     return result
 
 
