@@ -27,10 +27,10 @@ STATE = ("params", "grads", "optimizer")
 SYNC, BF16, ORIG = ("FULL_SHARD + sync_module_states", "FULL_SHARD + bf16 mixed precision",
                     "FULL_SHARD + use_orig_params")
 # The notebook's launches: (flags, NPROC).
-TWO_RANKS = (("--strategy", "FULL_SHARD,SHARD_GRAD_OP,NO_SHARD", "--steps", "6", "--variants",
+TWO_RANKS = (("--strategy", "FULL_SHARD,SHARD_GRAD_OP,NO_SHARD", "--steps", "3", "--variants",
               "strategy=FULL_SHARD,sync-module-states=true;"
-              "strategy=FULL_SHARD,mixed-precision=true,steps=3;"
-              "strategy=FULL_SHARD,use-orig-params=true,d-model=130,n-heads=2,steps=3"), 2)
+              "strategy=FULL_SHARD,mixed-precision=true;"
+              "strategy=FULL_SHARD,use-orig-params=true,d-model=130,n-heads=2"), 2)
 FOUR_RANKS = (("--strategy", "FULL_SHARD,HYBRID_SHARD", "--replicas", "2", "--steps", "3",
                "--log-every", "10"), 4)
 
