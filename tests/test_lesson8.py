@@ -231,6 +231,22 @@ def test_exercise_broken_job_fails_in_bounded_time():
     assert not passed and "the job still fails" in message, message
 
 
+def test_background_returns_once_its_job_has_started():
+    """The notebook starts its slow jobs together with lab8.background: the call returns when the
+    job's command is printed, not when the job ends; .result() then waits for it."""
+    import os
+    import time
+    import uuid
+
+    def slow_job():
+        return lab8.Job(["sleep", "3"], dict(os.environ)).wait(timeout=30)
+
+    start = time.monotonic()
+    future = lab8.background(f"sleep-{uuid.uuid4().hex}", slow_job)
+    assert time.monotonic() - start < 2.5 and not future.done()
+    assert future.result() == 0
+
+
 def test_bad_layouts_are_one_line_errors():
     """scale.validate raises CourseError (one line, exit 2 under distributed()) before any mesh
     is built; checked without a launch."""

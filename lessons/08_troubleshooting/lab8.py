@@ -7,6 +7,7 @@ Every launch prints its command; every time is measured from the job's own outpu
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import re
@@ -40,6 +41,8 @@ class Job:
         print("+ " + " ".join(words), flush=True)
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env=env, cwd=REPO, bufsize=1, start_new_session=True)
+        if getattr(_STARTING, "event", None) is not None:  # started by background(): it may go on
+            _STARTING.event.set()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -348,6 +351,37 @@ def shared(name: str, fn, *args, **kwargs):
         result = json.loads(json.dumps(fn(*args, **kwargs), default=str))  # as the cache holds it
         path.write_text(json.dumps(result))
         return result
+
+
+# --- jobs started together, as in several terminals ----------------------------------------------
+
+_POOL = []  # one thread pool, made on first use
+_STARTING = threading.local()  # in a background thread: the Event its first Job sets once started
+
+
+def background(name: str, fn, *args, **kwargs):
+    """``shared(name, fn, *args, **kwargs)`` in a background thread, like a job started in another
+    terminal; returns a Future (``.result()`` waits for it and returns what ``shared`` returned).
+    Returns once the job's command is printed (or its run came from the cache), so the command
+    shows under the cell that started it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(max_workers=4, thread_name_prefix="lesson8-job"))
+    started = threading.Event()
+
+    def job():
+        _STARTING.event = started
+        try:
+            return shared(name, fn, *args, **kwargs)
+        finally:
+            _STARTING.event = None
+            started.set()
+
+    # In the caller's context: Jupyter then files the job's printed command under the calling cell.
+    future = _POOL[0].submit(contextvars.copy_context().run, job)
+    started.wait(timeout=60)
+    return future
 
 
 def slurm_demo(state: str = "/tmp/slurm-course-lab") -> str:
