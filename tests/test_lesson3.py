@@ -207,7 +207,8 @@ def test_loss_over_k_is_wrong_for_a_short_last_micro_batch(both_apis):
     for run in short:
         assert run["micro_batch_sizes"] == [2, 2, 2, 1] and run["no_sync"] and run["bug"] == "none"
         assert run["reduce_bytes"] == run["reduce_bytes_theory"]
-        assert not run["grads_equal"] and all(r["rel_err"] > 1e-2 for r in run["ranks"])
+        # q_short_last_micro_batch cites this as measured in lesson 3: "off by several percent"
+        assert not run["grads_equal"] and all(0.01 < r["rel_err"] < 0.1 for r in run["ranks"])
 
 
 def test_exercise_solution_passes_under_torchrun():
