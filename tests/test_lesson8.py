@@ -27,7 +27,7 @@ from fsdp_course.theory import hsdp  # noqa: E402
 # --- the notebook's runs (same arguments as its cells) ---------------------------------------
 
 def hang():
-    return lab8.shared("hang", lab8.hang_and_dump, "--fault", "uneven-data", timeout_s=4)
+    return lab8.shared("hang", lab8.hang_and_dump, "--fault", "uneven-data", timeout_s=10)
 
 
 def detail():
