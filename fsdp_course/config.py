@@ -91,6 +91,57 @@ def int_at_least(low: int):
     return parse
 
 
+class Variant(dict):
+    """One variant's flag changes ({field: text}); prints as typed, in parentheses."""
+
+    def __str__(self) -> str:
+        return "(" + ",".join(f"{k.replace('_', '-')}={v}" for k, v in self.items()) + ")"
+
+
+def parse_variants(text: str) -> tuple[Variant, ...]:
+    """The parser of a ``--variants`` flag: several runs in one launch, each the command line's
+    config with some flags changed. ``"mixed-precision=true;strategy=DDP,steps=5"`` -> one
+    Variant per run (``;`` between runs, ``,`` between flag=value pairs); ``with_variant``
+    makes each one a config."""
+    variants = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        changes = Variant()
+        for item in filter(None, (i.strip() for i in part.split(","))):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise argparse.ArgumentTypeError(f"cannot read {item!r}: write flag=value, e.g. steps=5")
+            changes[key.strip().lstrip("-").replace("-", "_")] = value.strip()
+        variants.append(changes)
+    if not variants:
+        raise argparse.ArgumentTypeError("no variant given")
+    return tuple(variants)
+
+
+def with_variant(cfg, changes: dict, fixed: tuple[str, ...] = ("variants", "metrics")):
+    """``cfg`` with a variant's changes, each value typed like its flag (bool: true/false).
+    ValueError with one sentence for a flag that does not exist (or is in ``fixed``: a variant
+    cannot change it) or a value of the wrong type."""
+    fields = {f.name: f for f in dataclasses.fields(cfg)}
+    typed = {}
+    for name, text in changes.items():
+        flag = f"--{name.replace('_', '-')}"
+        if name not in fields or name in fixed:
+            raise ValueError(f"--variants: no flag {flag}" + (" in a variant" if name in fields else ""))
+        current = getattr(cfg, name)
+        if isinstance(current, bool):
+            if text.lower() not in ("true", "false"):
+                raise ValueError(f"--variants: {flag[2:]}={text}: write true or false")
+            typed[name] = text.lower() == "true"
+        elif isinstance(current, (int, float)):
+            try:
+                typed[name] = type(current)(text)
+            except ValueError:
+                raise ValueError(f"--variants: {flag[2:]}={text}: not a number") from None
+        else:
+            typed[name] = text
+    return dataclasses.replace(cfg, **{"variants": None} if "variants" in fields else {}, **typed)
+
+
 FLAGS_GRACE_S = 30.0
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -52,6 +53,13 @@ class MetricLogger:
         values = (step, loss, ms, peak_mib, sent_mib)
         self.env.print0(" | ".join("-".rjust(w) if v is None else fmt.format(v)
                                    for (_, fmt), v, w in zip(COLUMNS, values, widths)))
+
+
+def unwatched_ms(history: list[dict]) -> float | None:
+    """ms/step that means something: the median of the steps no instrument watched (logged
+    with ``peak_mib=None``), step 0 (first-step set-up) left out; None when there is none."""
+    times = [row["ms"] for row in history if row["step"] > 0 and row["peak_mib"] is None]
+    return statistics.median(times) if times else None
 
 
 def _jsonable(value):

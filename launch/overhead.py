@@ -1,8 +1,9 @@
 """What the course's instruments cost: ms per training step with and without them.
 
-Every lesson script times its steps while ``CommCounter``, ``GatheredParamTracker``,
-``activation_bytes`` and ``state_bytes`` watch them; a timing column only means something if
-they add little. This trains lesson 1's setting (classic FSDP, FULL_SHARD, one unit per block)
+The lesson scripts measure memory and traffic with ``CommCounter``, ``GatheredParamTracker``,
+``activation_bytes`` and ``state_bytes``; they slow a step down, so lessons 1, 2, 3 and 5 let them
+watch one step and report ms/step as the median of the others (``report.unwatched_ms``). This
+shows what that buys. It trains lesson 1's setting (classic FSDP, FULL_SHARD, one unit per block)
 and alternates plain steps with instrumented ones, so both see the same machine.
 
     torchrun --standalone --nproc-per-node=2 launch/overhead.py     # bash launch/bench.sh runs it

@@ -329,13 +329,13 @@ def test_variants_parse_once_and_bad_ones_are_one_line():
     folder = REPO / "lessons" / "01_fsdp_strategies"
     sys.path.insert(0, str(folder))
     try:
-        from strategy_report import parse_variants, variant_configs
+        from strategy_report import variant_configs
         spec = importlib.util.spec_from_file_location("lesson1_train", folder / "train.py")
         train = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(train)
     finally:
         sys.path.pop(0)
-    from fsdp_course.config import parse_config
+    from fsdp_course.config import parse_config, parse_variants
     from fsdp_course.dist import CourseError
 
     cfg = parse_config(train.Config, argv=["--strategy", "NO_SHARD", "--variants",

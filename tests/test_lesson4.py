@@ -192,6 +192,10 @@ def test_mismatched_checkpoint_and_missing_restarts_are_one_line_errors(tmp_path
     assert run.returncode == 2 and "MAX_RESTARTS=1 bash launch/lesson4.sh --crash-at-step" in run.stderr
     assert "simulated crash" not in run.stdout
 
+    run, _ = launch(4, "--keep", "0", nproc=1)  # would prune the checkpoint a resume needs
+    assert run.returncode == 2 and "argument --keep: must be at least 1, got 0" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr
+
 
 def test_check_loadable_messages(tmp_path):
     with pytest.raises(CourseError, match="does not exist"):

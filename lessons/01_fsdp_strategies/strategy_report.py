@@ -3,13 +3,11 @@ optimizer's parameter groups, where each rank's shards lie, and the tables rank 
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import statistics
 
 import torch.distributed as dist
 
 from fsdp_course import theory
+from fsdp_course.config import with_variant
 from fsdp_course.dist import CourseError
 from fsdp_course.measure import MiB, fsdp_flat_params
 from fsdp_course.report import table
@@ -29,53 +27,15 @@ def parse_strategies(text: str, world_size: int, replicas: int) -> list[str]:
     return strategies
 
 
-class Variant(dict):
-    """One variant's flag changes ({field: text}); prints as typed, in parentheses."""
-
-    def __str__(self) -> str:
-        return "(" + ",".join(f"{k.replace('_', '-')}={v}" for k, v in self.items()) + ")"
-
-
-def parse_variants(text: str) -> tuple:
-    """``--variants "mixed-precision=true;use-orig-params=true,d-model=130"`` -> one Variant per
-    run (``;`` between runs, ``,`` between flag=value pairs). Parsed once, by the config."""
-    variants = []
-    for part in filter(None, (p.strip() for p in text.split(";"))):
-        changes = Variant()
-        for item in filter(None, (i.strip() for i in part.split(","))):
-            key, sep, value = item.partition("=")
-            if not sep or not key.strip():
-                raise argparse.ArgumentTypeError(f"cannot read {item!r}: write flag=value, "
-                                                 "e.g. mixed-precision=true")
-            changes[key.strip().lstrip("-").replace("-", "_")] = value.strip()
-        variants.append(changes)
-    if not variants:
-        raise argparse.ArgumentTypeError("no variant given")
-    return tuple(variants)
-
-
-def _typed(current, name: str, text: str):
-    if isinstance(current, bool):
-        if text.lower() not in ("true", "false"):
-            raise CourseError(f"--variants: {name.replace('_', '-')}={text}: write true or false")
-        return text.lower() == "true"
-    try:
-        return type(current)(text) if isinstance(current, (int, float)) else text
-    except ValueError:
-        raise CourseError(f"--variants: {name.replace('_', '-')}={text}: not a number") from None
-
-
 def variant_configs(cfg, world_size: int) -> list[tuple]:
     """(config, strategy) for each run ``--variants`` adds: the command line's config with the
     variant's flags changed (each typed like its flag), once per strategy it names."""
-    fields = {f.name for f in dataclasses.fields(cfg)} - {"variants", "metrics"}
     runs = []
     for changes in cfg.variants or ():
-        unknown = sorted(set(changes) - fields)
-        if unknown:
-            raise CourseError(f"--variants: no flag --{unknown[0].replace('_', '-')}")
-        variant = dataclasses.replace(cfg, variants=None, **{
-            name: _typed(getattr(cfg, name), name, text) for name, text in changes.items()})
+        try:
+            variant = with_variant(cfg, changes)
+        except ValueError as exc:
+            raise CourseError(str(exc)) from None
         runs += [(variant, s) for s in parse_strategies(variant.strategy, world_size, variant.replicas)]
     return runs
 
@@ -93,13 +53,6 @@ def refused_run(env, cfg, strategy: str, exc: Exception) -> dict:
     env.print0(f"\n== {run_label(cfg, strategy)} ==\ntorch refused to wrap the model: {message}")
     return {"strategy": strategy, "label": run_label(cfg, strategy), "sync_module_states": True,
             "refused": message, "history": []}
-
-
-def unwatched_ms(history: list[dict]) -> float | None:
-    """Median ms of the steps no instrument watched (their memory column is None), step 0
-    (first-step set-up) left out; None when there is no such step."""
-    times = [row["ms"] for row in history if row["step"] > 0 and row["peak_mib"] is None]
-    return statistics.median(times) if times else None
 
 
 def decay_groups(model) -> list[dict]:

@@ -33,15 +33,15 @@ from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
 from fsdp_course import theory
-from fsdp_course.config import TrainConfig, describe, parse_config
+from fsdp_course.config import TrainConfig, describe, parse_config, parse_variants
 from fsdp_course.data import load_data
 from fsdp_course.dist import distributed, mean_over_ranks
 from fsdp_course.measure import (MiB, CommCounter, GatheredParamTracker, activation_bytes,
                                  flat_state_bytes)
 from fsdp_course.model import GPT, Block, lm_loss
-from fsdp_course.report import MetricLogger, write_metrics
-from strategy_report import (decay_groups, describe_parameters, parse_strategies, parse_variants,
-                             print_report, refused_run, run_label, shard_layout, unwatched_ms,
+from fsdp_course.report import MetricLogger, unwatched_ms, write_metrics
+from strategy_report import (decay_groups, describe_parameters, parse_strategies,
+                             print_report, refused_run, run_label, shard_layout,
                              variant_configs)
 
 

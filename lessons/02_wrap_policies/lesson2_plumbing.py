@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import runpy
-import statistics
 from pathlib import Path
 
 from fsdp_course.dist import CourseError
 from fsdp_course.measure import MiB
-from fsdp_course.report import table
+from fsdp_course.report import table, unwatched_ms
 
 WRAPS = ("none", "transformer", "size", "custom")  # size:N = size with threshold N
 PREFETCHES = ("pre", "post", "none", "forward", "no-limit")
@@ -72,9 +71,10 @@ def load_policy(path: str | None, wraps: Wraps):
 def step_time(history: list[dict], watched: int) -> dict:
     """ms/step: the median of the steps no instrument watched, step 0 (first-step set-up) left
     out. A run too short to have one (--steps 2) falls back on the watched step, and says so."""
-    plain = [row["ms"] for row in history if row["step"] not in (0, watched)]
-    if plain:
-        return {"ms_per_step": statistics.median(plain), "ms_timed": f"median of {len(plain)} unwatched steps"}
+    plain = unwatched_ms(history)
+    if plain is not None:
+        count = sum(row["step"] > 0 and row["peak_mib"] is None for row in history)
+        return {"ms_per_step": plain, "ms_timed": f"median of {count} unwatched steps"}
     return {"ms_per_step": history[watched]["ms"],
             "ms_timed": "the watched step (no unwatched step after step 0: run --steps 3 or more)"}
 

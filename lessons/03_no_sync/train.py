@@ -15,7 +15,6 @@ ran every rank's micro-batches as one batch, each collective's bytes, the gradie
 """
 
 import functools
-import statistics
 import time
 import warnings
 from contextlib import nullcontext
@@ -33,7 +32,7 @@ from fsdp_course.data import load_data
 from fsdp_course.dist import distributed, mean_over_ranks
 from fsdp_course.measure import MiB, CommCounter, state_bytes
 from fsdp_course.model import GPT, Block, lm_loss
-from fsdp_course.report import MetricLogger, write_metrics
+from fsdp_course.report import MetricLogger, unwatched_ms, write_metrics
 from lesson3_plumbing import (Apis, Bugs, Counts, Sizes, Switches, check_flags, load_loop, planned_runs,
                               print_check, print_header, print_summary)
 
@@ -167,7 +166,7 @@ def train(cfg: Config, api: str, sizes: tuple, no_sync: bool, bug: str, env, dat
         **{f"held_between_{kind}": max(r["held_between"][kind] for r in per_rank) for kind in held_between},
         "held_theory": theory.accumulation.held_grad_bytes_theory(num_params, padded, env.world_size,
                                                                   no_sync) if accum > 1 else 0,
-        "ms_per_step": statistics.median([row["ms"] for row in logger.history[1:]] or [None]),  # unwatched
+        "ms_per_step": unwatched_ms(logger.history),
         "loss_first": logger.history[0]["loss"], "loss_last": logger.history[-1]["loss"],
         "history": logger.history,
     }

@@ -1,7 +1,6 @@
 """What lesson 4's train.py needs but the lesson is not about: its flags checked, timings, and
 the bitwise comparisons it reports (imported by train.py)."""
 
-import argparse
 import functools
 import os
 import time
@@ -14,15 +13,6 @@ from fsdp_course.dist import CourseError
 from fsdp_course.report import write_json_atomic
 
 DEMOS = ("torch-save", "types", "rng")
-
-
-def parse_demos(text: str) -> tuple[str, ...]:
-    """The parser of ``--demo`` (given to the config): "torch-save,types" -> ("torch-save", "types")."""
-    demos = tuple(d.strip() for d in text.split(",") if d.strip())
-    for name in demos:
-        if name not in DEMOS:
-            raise argparse.ArgumentTypeError(f"{name}: choose from {', '.join(DEMOS)}")
-    return demos
 
 
 def periodic_checkpoints(cfg) -> bool:

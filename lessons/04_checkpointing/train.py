@@ -38,7 +38,7 @@ import pitfalls  # lesson 4's own modules, next to this script (each docstring s
 import plumbing
 import state_dicts
 from fsdp_course import checkpoint as ckpt
-from fsdp_course.config import TrainConfig, describe, parse_config
+from fsdp_course.config import TrainConfig, describe, int_at_least, list_help, names_from, parse_config
 from fsdp_course.data import load_data
 from fsdp_course.dist import distributed, mean_over_ranks, say
 from fsdp_course.measure import MiB, CommCounter, state_bytes
@@ -54,7 +54,7 @@ class Config(TrainConfig):
     log_every: int = 2
     ckpt_every: int = field(default=4, metadata={"help": "checkpoint every N steps (0: never)"})
     ckpt_dir: str = field(default="runs/lesson4/ckpt", metadata={"help": "where checkpoints go"})
-    keep: int = field(default=2, metadata={"help": "keep the newest N checkpoints"})
+    keep: int = field(default=2, metadata={"parse": int_at_least(1), "help": "keep the newest N checkpoints (at least 1: a resume needs the newest)"})
     resume: bool = field(default=False, metadata={"help": "resume from the newest checkpoint (automatic after a restart)"})
     crash_at_step: int | None = field(default=None, metadata={"help": "kill the last rank once at this step (needs MAX_RESTARTS>=1)"})
     crash_in: str = field(default="step", metadata={"choices": ("step", "save"), "help": "step: before the step; save: during the first save at or after it"})
@@ -63,7 +63,7 @@ class Config(TrainConfig):
     reload: bool = field(default=False, metadata={"help": "after --save, load it into a fresh model (another init and RNG) and compare"})
     load: str | None = field(default=None, metadata={"help": "load this DCP checkpoint first (any world size)"})
     ckpt_module: str | None = field(default=None, metadata={"help": "a .py file with save(path, model, optimizer) and load(path, model, optimizer) for --save/--load"})
-    demo: tuple[str, ...] = field(default=(), metadata={"parse": plumbing.parse_demos, "help": f"after training: {', '.join(plumbing.DEMOS)} (comma-separated)"})
+    demo: tuple[str, ...] = field(default=(), metadata={"parse": names_from(plumbing.DEMOS), "help": list_help("after training", plumbing.DEMOS)})
     bug: str | None = field(default=None, metadata={"choices": ("rank0-only", "offload-cpu"), "help": "rank0-only: state_dict() on rank 0 only; offload-cpu: offload_to_cpu=True on CPU ranks"})
 
 

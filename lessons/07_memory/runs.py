@@ -6,11 +6,11 @@ Nothing here is what the lesson teaches (that is in ``train.py``'s ``shard()`` a
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 
 import torch.distributed as dist
 
+from fsdp_course.config import with_variant
 from fsdp_course.measure import MiB
 from fsdp_course.theory import memory
 
@@ -67,52 +67,10 @@ def limit_verdict(cfg, prediction: dict) -> str:
             f" vs limit {cfg.rank_memory_mib:g} MiB: {verdict}")
 
 
-class Variant(dict):
-    """One variant's changes ({field: text}); prints as typed, in parentheses."""
-
-    def __str__(self) -> str:
-        return "(" + ",".join(f"{k.replace('_', '-')}={v}" for k, v in self.items()) + ")"
-
-
-def parse_variants(text: str) -> tuple:
-    """``--variants "api=classic;strategy=DDP,steps=5"`` -> one dict of changes per variant
-    (``;`` between variants, ``,`` between flag=value pairs). Parsed once, by the config."""
-    variants = []
-    for part in filter(None, (p.strip() for p in text.split(";"))):
-        changes = Variant()
-        for item in filter(None, (i.strip() for i in part.split(","))):
-            key, sep, value = item.partition("=")
-            if not sep or not key.strip():
-                raise argparse.ArgumentTypeError(f"cannot read {item!r}: write flag=value, e.g. api=classic")
-            changes[key.strip().lstrip("-").replace("-", "_")] = value.strip()
-        variants.append(changes)
-    if not variants:
-        raise argparse.ArgumentTypeError("no variant given")
-    return tuple(variants)
-
-
-def _typed(current, name: str, value: str):
-    if isinstance(current, bool):
-        if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
-            raise ValueError(f"--variants: {name}={value!r} is not true or false")
-        return value.lower() in ("true", "1", "yes")
-    try:
-        return type(current)(value) if isinstance(current, (int, float)) else value
-    except ValueError:
-        raise ValueError(f"--variants: {name}={value!r} is not a number") from None
-
-
 def expand(cfg, world_size: int) -> list:
     """One config per variant (each the command line's config with its changes), or just
     ``cfg``; each checked: ValueError with one sentence if a variant makes no sense."""
-    fields = {f.name for f in dataclasses.fields(cfg)} - {"variants", "metrics"}
-    variants = []
-    for changes in cfg.variants or [{}]:
-        unknown = sorted(set(changes) - fields)
-        if unknown:
-            raise ValueError(f"--variants: no flag --{unknown[0].replace('_', '-')}")
-        variants.append(dataclasses.replace(cfg, variants=None, **{
-            name: _typed(getattr(cfg, name), name, value) for name, value in changes.items()}))
+    variants = [with_variant(cfg, changes) for changes in cfg.variants or [{}]]
     for v in variants:
         memory.checkpointed_blocks(v.n_layers, v.activation_checkpointing)  # ValueError if bad
         if v.api == "fsdp2" and v.strategy == "NO_SHARD":

@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import probes
 import runs
-from fsdp_course.config import TrainConfig, describe, parse_config
+from fsdp_course.config import TrainConfig, describe, parse_config, parse_variants
 from fsdp_course.data import load_data
 from fsdp_course.dist import CourseError, distributed, mean_over_ranks
 from fsdp_course.measure import MiB, CommCounter, state_bytes
@@ -58,7 +58,7 @@ class Config(TrainConfig):
     rank_memory_mib: float = field(default=0.0, metadata={
         "help": "each rank may grow by this much after warm-up (RLIMIT_AS); 0: no limit"})
     variants: tuple | None = field(default=None, metadata={
-        "parse": runs.parse_variants, "metavar": "'FLAG=V,FLAG=V;...'",
+        "parse": parse_variants, "metavar": "'FLAG=V,FLAG=V;...'",
         "help": "several runs in one launch: 'api=classic;strategy=DDP,mixed-precision=true'"})
 
 
