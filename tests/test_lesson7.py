@@ -18,6 +18,7 @@ import pytest
 
 from course_lab.exercises import lesson7 as exercise
 from course_lab.notebook import launch_lesson
+from fsdp_course.config import parse_config
 from fsdp_course.plan import MODELS
 from fsdp_course.theory import memory
 from helpers import REPO_ROOT
@@ -39,6 +40,21 @@ def notebook_value(name: str) -> str:
             exec(head, scope)  # noqa: S102 - the course's own notebook
             return scope[name]
     raise LookupError(name)
+
+
+def lesson7_train():
+    """lessons/07_memory/train.py as a module (its folder on the path, as torchrun puts it)."""
+    import importlib.util
+
+    folder = str(REPO_ROOT / "lessons" / "07_memory")
+    sys.path.insert(0, folder)
+    try:
+        spec = importlib.util.spec_from_file_location("lesson7_train", f"{folder}/train.py")
+        train = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(train)
+    finally:
+        sys.path.remove(folder)
+    return train
 
 
 def ok(run):
@@ -237,7 +253,22 @@ def test_exercise_solution_passes_for_real(repo_root):
     (["--steps", "2"], "--steps must be > 2"),
     (["--variants", "strategy=DDP,mixed-precision=true"], "belong to FSDP"),
 ])
-def test_bad_flags_are_one_line(run_launcher, flags, said):
-    r = run_launcher("lesson7.sh", *flags, env={"NPROC": "2"}, timeout=120)
+def test_bad_flags_are_refused_with_one_sentence(capsys, flags, said):
+    """What train.py does with its flags before training (parse_config, then runs.expand),
+    in this process; the next test shows the same through torchrun."""
+    train = lesson7_train()
+    try:
+        train.runs.expand(parse_config(train.Config, argv=flags), 2)
+    except SystemExit as exc:  # argparse: its one line, exit 2
+        assert exc.code == 2
+        assert said in capsys.readouterr().err
+    except ValueError as exc:  # train.py raises it again as a CourseError: one line, exit 2
+        assert said in str(exc) and "\n" not in str(exc)
+    else:
+        pytest.fail(f"{flags} accepted")
+
+
+def test_a_bad_flag_under_torchrun_is_one_line(run_launcher):
+    r = run_launcher("lesson7.sh", "--variants", "api=fsdp2,strategy=NO_SHARD", env={"NPROC": "2"}, timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
-    assert said in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "has no NO_SHARD" in r.stderr and "Traceback" not in r.stderr, r.stderr
