@@ -118,7 +118,7 @@ def parse_variants(text: str) -> tuple[Variant, ...]:
 
 
 def with_variant(cfg, changes: dict, fixed: tuple[str, ...] = ("variants", "metrics")):
-    """``cfg`` with a variant's changes, each value typed like its flag (bool: true/false).
+    """``cfg`` (a config with a ``variants`` field) with a variant's changes, each value typed like its flag (bool: true/false).
     ValueError with one sentence for a flag that does not exist (or is in ``fixed``: a variant
     cannot change it) or a value of the wrong type."""
     fields = {f.name: f for f in dataclasses.fields(cfg)}
@@ -139,7 +139,7 @@ def with_variant(cfg, changes: dict, fixed: tuple[str, ...] = ("variants", "metr
                 raise ValueError(f"--variants: {flag[2:]}={text}: not a number") from None
         else:
             typed[name] = text
-    return dataclasses.replace(cfg, **{"variants": None} if "variants" in fields else {}, **typed)
+    return dataclasses.replace(cfg, variants=None, **typed)
 
 
 FLAGS_GRACE_S = 30.0

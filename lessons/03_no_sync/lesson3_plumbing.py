@@ -39,26 +39,23 @@ class _List(tuple):
     show = str
 
 
-def _count(text: str) -> int:
-    if int(text) < 1:
-        raise ValueError(text)
-    return int(text)
+def _at_least(low: int):
+    """An item parser: a whole number of ``low`` or more (ValueError otherwise)."""
+    def parse(text: str) -> int:
+        if int(text) < low:
+            raise ValueError(text)
+        return int(text)
+    return parse
 
 
 class Counts(_List):
     expected = "whole numbers of 1 or more, e.g. 4 or 1,2,4,8"
-    item = staticmethod(_count)
-
-
-def _size(text: str) -> int:
-    if int(text) < 0:
-        raise ValueError(text)
-    return int(text)
+    item = staticmethod(_at_least(1))
 
 
 class Sizes(_List):
     expected = "whole numbers of 0 or more, e.g. 1 or 0,1"
-    item = staticmethod(_size)
+    item = staticmethod(_at_least(0))
 
 
 class Switches(_List):
