@@ -291,16 +291,35 @@ def test_exercise_covers_every_measured_run_including_hybrid_and_orig_params(m2,
     assert not passed and "rank_state_bytes" in message
 
 
-@pytest.mark.parametrize("args, nproc, needle", [
-    (("--strategy", "HYBRID_SHARD"), 2, "HYBRID_SHARD"),
-    (("--strategy", "ZERO4"), 2, "--strategy ZERO4"),
-])
-def test_bad_strategy_input_is_one_line_and_exit_2(args, nproc, needle):
-    proc, _ = launch(1, *args, "--steps", "1", nproc=nproc)
+def test_bad_strategy_input_is_one_line_and_exit_2():
+    """The real command once, with the refusal that depends on the world size: HYBRID_SHARD on
+    2 ranks, which cannot split into 2 groups of 2 or more (the other refusals go through the
+    same parse_strategies, in-process below)."""
+    proc, _ = launch(1, "--strategy", "HYBRID_SHARD", "--steps", "1", nproc=2)
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and needle in errors[0], proc.stderr
+    assert errors == ["error: HYBRID_SHARD: 2 ranks do not split into --replicas 2 groups of 2 "
+                      "or more (try NPROC=4)"], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("text, world_size, replicas, said", [
+    ("ZERO4", 2, 2, "--strategy ZERO4: choose from FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD"),
+    ("full_shard,ZERO4", 4, 2, "--strategy ZERO4: choose from"),
+    ("HYBRID_SHARD", 2, 2, "HYBRID_SHARD: 2 ranks do not split into --replicas 2 groups of 2 or more"),
+    ("HYBRID_SHARD", 3, 2, "HYBRID_SHARD: 3 ranks do not split into --replicas 2 groups"),
+])
+def test_bad_strategies_are_refused_in_one_line_by_the_scripts_parser(text, world_size, replicas, said):
+    """What train.py's main() does with --strategy before anything runs (parse_strategies with
+    the world size torchrun gave), in this process: a CourseError, which the script turns into
+    its one line and exit 2 (the test above shows that through torchrun)."""
+    from fsdp_course.dist import CourseError
+
+    parse_strategies = lesson1_train().parse_strategies
+    with pytest.raises(CourseError) as refused:
+        parse_strategies(text, world_size, replicas)
+    assert said in str(refused.value) and "\n" not in str(refused.value)
+    assert parse_strategies("hybrid_shard, full_shard", 4, 2) == ["HYBRID_SHARD", "FULL_SHARD"]
 
 
 def test_no_shard_deprecation_is_said_once(n2):
@@ -325,16 +344,22 @@ def test_instruments_watch_step_1_and_ms_per_step_times_the_others(m2, m4):
     assert [cell.strip() for cell in line.split("|")[3:]] == ["-", "-"]  # not watched: not measured
 
 
-def test_variants_parse_once_and_bad_ones_are_one_line():
+def lesson1_train():
+    """lessons/01_fsdp_strategies/train.py as a module (its folder on the path, as torchrun puts it)."""
     folder = REPO / "lessons" / "01_fsdp_strategies"
     sys.path.insert(0, str(folder))
     try:
-        from strategy_report import variant_configs
         spec = importlib.util.spec_from_file_location("lesson1_train", folder / "train.py")
         train = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(train)
     finally:
         sys.path.pop(0)
+    return train
+
+
+def test_variants_parse_once_and_bad_ones_are_one_line():
+    train = lesson1_train()
+    variant_configs = train.variant_configs
     from fsdp_course.config import parse_config, parse_variants
     from fsdp_course.dist import CourseError
 

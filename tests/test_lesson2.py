@@ -5,7 +5,8 @@ the peaks equal the theory and the recorded timeline shows each setting's order;
 checker and policy file work.
 
 The launches are the notebook's, with its exact flags: within a test run each runs once and is
-shared (course_lab.notebook.launch_lesson). Only the 3-rank run and one bad flag are the tests' own.
+shared (course_lab.notebook.launch_lesson). Only the 3-rank run and one bad flag (on 1 rank) are the
+tests' own.
 The instruments watch step 1; ms/step is the median of the later steps, which they do not watch.
 """
 
@@ -247,7 +248,9 @@ def test_solution_passes_the_launch_the_notebook_runs(staged):
 
 
 def test_bad_flag_is_one_line():
-    proc, metrics = launch(2, "--wrap", "blocks", "--steps", "1", nproc=2)
+    """argparse refuses the flag before any rank joins the group, on every rank alike: one rank
+    shows the line and the exit code (test_flags_parse_once_into_typed_values has the others)."""
+    proc, metrics = launch(2, "--wrap", "blocks", "--steps", "1", nproc=1)
     assert proc.returncode == 2 and metrics is None
     assert "argument --wrap: 'blocks': choose from none, transformer, size, custom" in proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr

@@ -5,7 +5,8 @@ measured per rank; the no-sync-last bug is caught in both APIs; the lesson's loo
 wrong when the last micro-batch is short, and the exercise's solution right, for real.
 
 The launches are the notebook's, with its exact flags: within a test run each runs once and is
-shared (course_lab.notebook.launch_lesson). Only the 3-rank run and one bad flag are the tests' own.
+shared (course_lab.notebook.launch_lesson). Only the 3-rank run and one bad flag (on 1 rank) are the
+tests' own.
 The instruments watch step 0 (the step ms/step leaves out); later steps are timed unwatched.
 """
 from __future__ import annotations
@@ -232,7 +233,9 @@ def test_three_ranks_padding_and_k1():
 
 
 def test_bad_flags_are_one_line():
-    proc, _ = launch(3, "--accum", "4", "--bug", "no-sync-last", "--no-sync", "off")
+    """Every rank refuses the combination alike, before training: one rank shows the line and
+    the exit code (test_planned_runs_skip_combinations_that_show_nothing has more refusals)."""
+    proc, _ = launch(3, "--accum", "4", "--bug", "no-sync-last", "--no-sync", "off", nproc=1)
     assert proc.returncode == 2
     assert "error: --bug no-sync-last is about no_sync" in proc.stderr
     assert "Traceback" not in proc.stderr
