@@ -9,7 +9,7 @@
     NNODES=2 NODE_RANK=0 MASTER_ADDR=127.0.0.1 bash launch/lesson8.sh --replicas 2 --compare-flat
     NNODES=2 NODE_RANK=1 MASTER_ADDR=127.0.0.1 bash launch/lesson8.sh --replicas 2 --compare-flat
     # node 1's workers killed at step 5; both nodes restart from the last checkpoint (NODE_RANK=0 and 1):
-    MAX_RESTARTS=1 NNODES=2 NODE_RANK=0|1 MASTER_ADDR=127.0.0.1 bash launch/lesson8.sh --replicas 2 --ckpt-every 2 --kill-node-at-step 5
+    MAX_RESTARTS=1 NPROC=1 NNODES=2 NODE_RANK=0|1 MASTER_ADDR=127.0.0.1 bash launch/lesson8.sh --replicas 2 --ckpt-every 2 --kill-node-at-step 5
     NPROC=4 bash launch/lesson8.sh --tp 2                         # 2-D mesh: FSDP x tensor parallel
     COURSE_TIMEOUT_S=10 bash launch/lesson8.sh --steps 4 --eval-module lessons/08_troubleshooting/broken_evaluate.py
 
