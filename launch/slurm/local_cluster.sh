@@ -67,6 +67,9 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/builtin
 ReturnToService=2
+# sbatch --wait polls every 2 s, not at 2, 10, 42 s: it waits up to MinJobAge/2 between polls so
+# as to see a finished job before slurmctld forgets it, and the default MinJobAge is 300 s.
+MinJobAge=5
 MpiDefault=none
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
