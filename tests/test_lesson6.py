@@ -2,21 +2,28 @@
 reference by more than a stated amount, each fix matches it; BatchNorm statistics, the all-reduce
 BatchNorm, mixed-precision dtypes, bytes and reduce error against theory; the exercise.
 
-The launches use exactly the notebook's flags, so a test run starts each of them once."""
+The launches use exactly the notebook's flags, so a test run starts each of them once: the main
+launch (2 ranks), the 4-rank launch (part A's bug and two fixes, part C's reduce error) and the
+exercise's check of the solution. Only the tests start one more: a bad flag, on 1 rank. The other
+bad flag and --help go through the script's own parser in this process.
+"""
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 import pytest
 import torch
 
 from course_lab.exercises.lesson6 import MYSTERY, check_find_the_bug
 from course_lab.notebook import launch_lesson
+from fsdp_course.config import parse_config
 from fsdp_course.theory import precision as theory
 
 # The notebook's launches (lessons/06_silent_bugs/06_silent_bugs.ipynb).
 LESSON = MYSTERY.parent  # the exercise's loops import the lesson's nets.py
-REDUCE_ERROR_FLAGS = ("--parts", "precision", "--precision", "fsdp2:fp32/fp32,fsdp2:fp32/bf16,fsdp2:bf16/bf16")
+N4_FLAGS = ("--parts", "init,precision", "--init", "per-rank-seed,broadcast,load-rank0",
+            "--precision", "fsdp2:fp32/fp32,fsdp2:fp32/bf16,fsdp2:bf16/bf16", "--precision-steps", "1")
 SHAPES = [[192, 32], [192], [192, 192], [192], [1, 192], [1]]  # RotaryRegressor's parameters
 
 FIX_TOLERANCE = 1e-4   # fp32 fixes vs the reference, after 6 AdamW steps (measured ~1e-5)
@@ -35,8 +42,8 @@ def main_run():
 
 
 @pytest.fixture(scope="module")
-def reduce_run_n4():
-    return ok(launch_lesson(6, *REDUCE_ERROR_FLAGS, nproc=4))
+def run_n4():
+    return ok(launch_lesson(6, *N4_FLAGS, nproc=4))
 
 
 def by(runs: list[dict], key: str) -> dict:
@@ -74,11 +81,16 @@ def test_init_bug_differs_and_every_fix_matches(main_run):
 
 
 @pytest.mark.slow
-def test_uneven_init_on_three_ranks():
-    results = ok(launch_lesson(6, "--parts", "init", "--init", "per-rank-seed,broadcast,load-rank0", nproc=3))
-    runs = by(results["init"]["runs"], "variant")
-    sources = {run["from"] for row in runs["per-rank-seed"]["origins"] for run in row["runs"]}
-    assert {"rank 0", "rank 1", "rank 2"} <= sources
+def test_uneven_init_on_four_ranks(run_n4):
+    """On 4 ranks the cuts are uneven: the root unit's flat parameter (the parameters outside
+    the blocks) does not split in 4 equal pieces, and the 27-row tensors of FSDP2's load-rank0
+    are sharded 7, 7, 7, 6."""
+    runs = by(run_n4["init"]["runs"], "variant")
+    origins = runs["per-rank-seed"]["origins"]
+    assert sum(row["numel"] for row in origins if not row["name"].startswith("blocks.")) % 4 != 0
+    assert any(row["name"] == "head.weight" and row["numel"] == 27 * 64 for row in origins)
+    sources = {run["from"] for row in origins for run in row["runs"]}
+    assert {"rank 0", "rank 1", "rank 2", "rank 3"} <= sources
     assert runs["per-rank-seed"]["final_diff"] > BUG_MINIMUM
     assert runs["broadcast"]["init_diff"] == 0 and runs["broadcast"]["final_diff"] < FIX_TOLERANCE
     assert runs["load-rank0"]["init_diff"] == 0 and runs["load-rank0"]["final_diff"] < FIX_TOLERANCE
@@ -182,10 +194,10 @@ def test_precision_pitfalls(main_run):
 
 
 @pytest.mark.slow
-def test_bf16_reduce_error_grows_with_ranks(main_run, reduce_run_n4):
+def test_bf16_reduce_error_grows_with_ranks(main_run, run_n4):
     results, _ = main_run
     n2 = by(results["precision"]["runs"], "label")
-    n4 = by(reduce_run_n4["precision"]["runs"], "label")
+    n4 = by(run_n4["precision"]["runs"], "label")
     assert n4["fsdp2:fp32/fp32"]["grad_rel_error"] < 1e-6
     assert n4["fsdp2:fp32/bf16"]["grad_rel_error"] > n2["fsdp2:fp32/bf16"]["grad_rel_error"]
     assert n4["fsdp2:fp32/bf16"]["collectives"]["reduce_scatter"]["bytes"] == \
@@ -227,25 +239,61 @@ def wrong_fix(env, batches, steps, seed, inspect):  # a "fix" that is not the st
     return None
 
 
-@pytest.mark.slow
-def test_help_lists_the_variants(run_launcher):
-    r = run_launcher("lesson6.sh", "--help", env={"NPROC": 2}, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
+def lesson6_train():
+    """lessons/06_silent_bugs/train.py as a module (its folder on the path, as torchrun puts it;
+    its own modules, not another lesson's of the same name)."""
+    names = [p.stem for p in LESSON.glob("*.py")]
+    others = {name: sys.modules.pop(name) for name in names if name in sys.modules}
+    sys.path.insert(0, str(LESSON))
+    try:
+        spec = importlib.util.spec_from_file_location("lesson6_train", LESSON / "train.py")
+        train = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(train)
+    finally:
+        sys.path.remove(str(LESSON))
+        for name in names:
+            sys.modules.pop(name, None)
+        sys.modules.update(others)
+    return train
+
+
+def test_help_lists_the_variants(capsys):
+    """train.py --help through the script's own parser (the launcher runs --help on one rank:
+    tests/test_launch.py)."""
+    train = lesson6_train()
+    with pytest.raises(SystemExit) as exited:
+        parse_config(train.Config, train.__doc__, argv=["--help"])
+    assert exited.value.code == 0
+    shown = capsys.readouterr().out
     for variant in ("per-rank-seed", "sync-module-states", "fsdp2-meta", "load-rank0", "allreduce-bn",
                     "syncbn", "groupnorm", "API:PARAM/REDUCE", "scaler", "nocast"):
-        assert variant in r.stdout, variant
+        assert variant in shown, variant
+
+
+BAD_FLAGS = [
+    (("--parts", "init,nonsense"), "argument --parts: nonsense: choose from init, batchnorm, precision, exercise"),
+    (("--precision", "fsdp2:bf17/fp32"), "argument --precision: fsdp2:bf17/fp32: expected API:PARAM/REDUCE"),
+]
+
+
+@pytest.mark.parametrize("flags, said", BAD_FLAGS)
+def test_bad_flags_are_refused_with_one_line(capsys, flags, said):
+    """What train.py does with its flags first (parse_config), in this process; the next test
+    shows the same through torchrun."""
+    train = lesson6_train()
+    with pytest.raises(SystemExit) as exited:
+        parse_config(train.Config, train.__doc__, argv=list(flags))
+    assert exited.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and said in errors[0], errors
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flags, said", [
-    (("--parts", "init,nonsense"), "argument --parts: nonsense: choose from init, batchnorm, precision, exercise"),
-    (("--precision", "fsdp2:bf17/fp32"), "argument --precision: fsdp2:bf17/fp32: expected API:PARAM/REDUCE"),
-])
-def test_bad_flags_are_one_line(run_launcher, flags, said):
-    r = run_launcher("lesson6.sh", *flags, env={"NPROC": 2}, timeout=120)
+def test_a_bad_flag_under_torchrun_is_one_line(run_launcher):
+    flags, said = BAD_FLAGS[1]  # the lesson's own parser (part_precision.parse_specs)
+    r = run_launcher("lesson6.sh", *flags, env={"NPROC": "1"}, timeout=120)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
-    # Rank 0 says it once (another rank may repeat it, prefixed, if torchrun is slow to stop it).
     said_by_rank0 = [line for line in r.stderr.splitlines() if line.startswith("train.py: error:")]
     assert len(said_by_rank0) == 1 and said in said_by_rank0[0], r.stderr[-2000:]
 

@@ -2,16 +2,16 @@
 
 The notebook's exercise cell holds ``lessons/06_silent_bugs/mystery_loop.py`` (a loop moved from
 DDP to FSDP2, with one silent bug). The learner finds the bug with the lesson's detector
-(``inspect(where, model)``) and fixes it. The checker saves the cell to a file, runs it for real
-under torchrun (``bash launch/lesson6.sh --parts exercise --exercise FILE``) and compares the
-trained model with one process trained on the global batch.
+(``inspect(where, model)``) and fixes it. The checker saves the cell to a file named by its text
+(the same loop, from a cell or a file, is the same launch: a test run starts it once), runs it
+for real under torchrun (``bash launch/lesson6.sh --parts exercise --exercise FILE``) and
+compares the trained model with one process trained on the global batch.
 """
 
 from __future__ import annotations
 
 import inspect
 import linecache
-import tempfile
 from pathlib import Path
 
 from quizzes.exercise import exercise
@@ -39,17 +39,17 @@ def check_find_the_bug(train, nproc: int = 2, steps: int = 6, run=None) -> tuple
         # the loop exactly as given: not attempted yet
         raise NotImplementedError("the loop is still exactly as given: find the bug with inspect(), "
                                   "fix it in the cell, then run this check again")
-    if run is None:
-        from course_lab.notebook import run_lesson as run
-    with tempfile.TemporaryDirectory(prefix="lesson6-ex-") as tmp:
-        path = Path(tmp) / "my_loop.py"
-        path.write_text(source)
-        try:
-            metrics = run(6, "--parts", "exercise", "--exercise", str(path), "--steps", str(steps),
-                          nproc=nproc, echo=False)
-        except RuntimeError as exc:  # run_lesson: the script exited non-zero; exc has its tail
-            tail = " | ".join(line for line in str(exc).strip().splitlines()[-3:] if line.strip())
-            return False, f"your loop failed under torchrun: {tail}"
+    from course_lab.notebook import learner_file, run_lesson
+
+    run = run or run_lesson
+    # A cell's text and the same text in a file differ at most in blank lines at the ends.
+    path = learner_file(source.strip() + "\n", "lesson6_loop")
+    try:
+        metrics = run(6, "--parts", "exercise", "--exercise", str(path), "--steps", str(steps),
+                      nproc=nproc, echo=False)
+    except RuntimeError as exc:  # run_lesson: the script exited non-zero; exc has its tail
+        tail = " | ".join(line for line in str(exc).strip().splitlines()[-3:] if line.strip())
+        return False, f"your loop failed under torchrun: {tail}"
     result = metrics["results"]["exercise"]
     seen = "; ".join(f"inspect({f['where']!r}): {len(f['differ'])} of {f['checked']} unsharded tensors "
                      f"differ across ranks" for f in result["findings"])
