@@ -4,10 +4,12 @@ The notebook's launches are made here with exactly its flags, paths and NPROC, s
 starts each of them once (course_lab.notebook.launch_lesson shares them): the main run (killed
 once inside a save, resumed, then the state-dict tour), the rank-0-only hang, the load on 3 ranks
 and the exercise's check of the solution. Only the tests start: classic FSDP's offload on CPU
-ranks, a crash between saves, the exercise's check of section 3's own functions (it must fail),
-and two bad inputs on 1 rank.
+ranks, the exercise's check of section 3's own functions (it must fail), and on 1 rank a crash
+between saves and a checkpoint of another model. The other bad inputs go through the script's
+own checks in this process.
 """
 import importlib.util
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,11 +20,13 @@ import quizzes
 from course_lab.exercises.lesson4 import check_dcp_save_load
 from course_lab.notebook import REPO
 from fsdp_course.checkpoint import check_loadable, compare_fingerprints, partial, published
+from fsdp_course.config import parse_config
 from fsdp_course.dist import CourseError
 from lesson_runs import launch, ok
 
 WORK = REPO / "runs" / "lesson4" / "notebook"  # the notebook's folder: the same launches
 RUN = WORK / "run"
+LESSON = REPO / "lessons" / "04_checkpointing"
 
 
 def results(run, metrics) -> dict:
@@ -162,6 +166,9 @@ def test_killed_save_leaves_previous_checkpoint_loadable(main_run):
     assert "simulated crash while saving .tmp-step_000008" in run.stdout
     assert found["restart_count"] == 1 and found["resumed_from"] == 4  # the previous, complete checkpoint
     assert found["partial_found"] == [{"dir": ".tmp-step_000008", "files": ["__0_0.distcp", "__1_0.distcp"]}]
+    # torchrun was allowed one restart: launch/lesson4.sh's own default for --crash-at-step (the
+    # notebook gives no MAX_RESTARTS; the next test removes it from the environment to be sure)
+    assert "--max-restarts=1 " in run.stdout
     assert found["equal_restored"]["equal"] and found["equal_uninterrupted"]["equal"]
     assert [p.name for p in partial(RUN) + published(RUN)] == ["step_000004", "step_000008"]  # no .tmp left
     assert [row["step"] for row in metrics["history"]] == [4, 5, 6, 7]  # the second attempt's steps
@@ -169,15 +176,18 @@ def test_killed_save_leaves_previous_checkpoint_loadable(main_run):
 
 @pytest.mark.slow
 def test_crash_between_saves_restarts_and_resumes(tmp_path):
-    # the docstring's command: no MAX_RESTARTS given, launch/lesson4.sh allows one restart itself
-    run, metrics = launch(4, "--crash-at-step", "5", "--ckpt-dir", tmp_path / "ckpt", env={"MAX_RESTARTS": None})
+    # the docstring's command: no MAX_RESTARTS given, launch/lesson4.sh allows one restart itself.
+    # One rank is enough (it is the one killed); the main launch restarts 2 ranks. One thread per
+    # rank, as torchrun sets it for 2 or more ranks.
+    run, metrics = launch(4, "--crash-at-step", "5", "--ckpt-dir", tmp_path / "ckpt", nproc=1,
+                          env={"MAX_RESTARTS": None, "OMP_NUM_THREADS": "1"})
     found = results(run, metrics)
-    assert "simulated crash at step 5" in run.stdout
+    assert "[rank 0] simulated crash at step 5" in run.stdout and "--max-restarts=1 " in run.stdout
     assert found["restart_count"] == 1 and found["resumed_from"] == 4
     assert found["equal_restored"]["equal"] and found["equal_uninterrupted"]["equal"]
 
 
-def test_mismatched_checkpoint_and_missing_restarts_are_one_line_errors(tmp_path):
+def test_mismatched_checkpoint_is_a_one_line_error(tmp_path):
     import torch.distributed.checkpoint as dcp
 
     other = tmp_path / "other"  # a "checkpoint" of another model, written here in one process
@@ -188,13 +198,44 @@ def test_mismatched_checkpoint_and_missing_restarts_are_one_line_errors(tmp_path
                for line in run.stderr.splitlines()), run.stderr
     assert "Traceback" not in run.stderr
 
-    run, _ = launch(4, "--crash-at-step", "5", nproc=1, env={"MAX_RESTARTS": "0"})
-    assert run.returncode == 2 and "MAX_RESTARTS=1 bash launch/lesson4.sh --crash-at-step" in run.stderr
-    assert "simulated crash" not in run.stdout
 
-    run, _ = launch(4, "--keep", "0", nproc=1)  # would prune the checkpoint a resume needs
-    assert run.returncode == 2 and "argument --keep: must be at least 1, got 0" in run.stderr, run.stderr
-    assert "Traceback" not in run.stderr
+def lesson4_train():
+    """lessons/04_checkpointing/train.py as a module (its folder on the path, as torchrun puts it;
+    its own modules, not another lesson's of the same name)."""
+    names = [p.stem for p in LESSON.glob("*.py")]
+    others = {name: sys.modules.pop(name) for name in names if name in sys.modules}
+    sys.path.insert(0, str(LESSON))
+    try:
+        spec = importlib.util.spec_from_file_location("lesson4_train", LESSON / "train.py")
+        train = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(train)
+    finally:
+        sys.path.remove(str(LESSON))
+        for name in names:
+            sys.modules.pop(name, None)
+        sys.modules.update(others)
+    return train
+
+
+def test_missing_restarts_and_keep_0_are_one_line_errors(capsys, monkeypatch):
+    """What train.py checks before training, in this process: its flags (parse_config), then
+    the flags that need periodic checkpoints (plumbing.periodic_checkpoints). Through torchrun a
+    CourseError is one line and exit 2: the previous test."""
+    train = lesson4_train()
+    with pytest.raises(SystemExit) as exited:  # would prune the checkpoint a resume needs
+        parse_config(train.Config, train.__doc__, argv=["--keep", "0"])
+    assert exited.value.code == 2
+    assert "argument --keep: must be at least 1, got 0" in capsys.readouterr().err
+    # MAX_RESTARTS=0 bash launch/lesson4.sh --crash-at-step 5: the launcher passes
+    # --max-restarts=0 on, and torchrun tells every rank in TORCHELASTIC_MAX_RESTARTS
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")
+    cfg = parse_config(train.Config, train.__doc__, argv=["--crash-at-step", "5"])
+    with pytest.raises(CourseError) as refused:
+        train.plumbing.periodic_checkpoints(cfg)
+    assert "MAX_RESTARTS=1 bash launch/lesson4.sh --crash-at-step" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")  # what the launcher gives it by default
+    assert train.plumbing.periodic_checkpoints(cfg)
 
 
 def test_check_loadable_messages(tmp_path):
