@@ -22,7 +22,7 @@ from fsdp_course.theory import precision as theory
 
 # The notebook's launches (lessons/06_silent_bugs/06_silent_bugs.ipynb).
 LESSON = MYSTERY.parent  # the exercise's loops import the lesson's nets.py
-N4_FLAGS = ("--parts", "init,precision", "--init", "per-rank-seed,broadcast,load-rank0",
+N4_FLAGS = ("--parts", "init,precision", "--init", "per-rank-seed,broadcast,load-rank0", "--steps", "2",
             "--precision", "fsdp2:fp32/fp32,fsdp2:fp32/bf16,fsdp2:bf16/bf16", "--precision-steps", "1")
 SHAPES = [[192, 32], [192], [192, 192], [192], [1, 192], [1]]  # RotaryRegressor's parameters
 
