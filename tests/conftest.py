@@ -57,7 +57,13 @@ def pytest_configure(config):
     """One folder of finished lesson launches per test run, shared by every xdist worker and
     every notebook kernel (they inherit the variable): a launch with the same lesson, flags,
     NPROC and environment runs once (course_lab.notebook.launch_lesson). Made by the controller
-    before the workers start; a worker finds it already set."""
+    before the workers start; a worker finds it already set.
+
+    Every process the tests start (1-rank launches, notebook kernels) gets one OpenMP thread,
+    as torchrun gives each of several ranks: the suite keeps both cores busy with two workers,
+    so a second thread only spins while it waits for work (a 1-rank launch cost about twice the
+    CPU seconds with it)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("COURSE_RUN_CACHE"):
         return
     folder = tempfile.mkdtemp(prefix="fsdp-course-runs-")
