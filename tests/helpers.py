@@ -27,3 +27,26 @@ def run_cmd(args, env=None, timeout=120, cwd=None, input=None) -> subprocess.Com
         [str(a) for a in args], cwd=cwd or REPO_ROOT, env=full_env, input=input,
         text=True, capture_output=True, timeout=timeout,
     )
+
+
+def lesson_script(lesson: int, name: str = "train"):
+    """``lessons/NN_*/name.py`` imported as a module, as torchrun runs it: its folder first on
+    the path, so ``import plumbing`` finds this lesson's module and not another lesson's of the
+    same name (those are set aside and put back). Tests call the script's own functions (its
+    flag parser, its checks) in-process this way instead of paying for a launch."""
+    import importlib.util
+
+    folder = next((REPO_ROOT / "lessons").glob(f"{lesson:02d}_*"))
+    siblings = [p.stem for p in folder.glob("*.py")]
+    others = {n: sys.modules.pop(n) for n in siblings if n in sys.modules}
+    sys.path.insert(0, str(folder))
+    try:
+        spec = importlib.util.spec_from_file_location(f"lesson{lesson}_{name}", folder / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(folder))
+        for n in siblings:
+            sys.modules.pop(n, None)
+        sys.modules.update(others)
+    return module

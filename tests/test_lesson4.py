@@ -9,7 +9,6 @@ between saves and a checkpoint of another model. The other bad inputs go through
 own checks in this process.
 """
 import importlib.util
-import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -22,11 +21,11 @@ from course_lab.notebook import REPO
 from fsdp_course.checkpoint import check_loadable, compare_fingerprints, partial, published
 from fsdp_course.config import parse_config
 from fsdp_course.dist import CourseError
+from helpers import lesson_script
 from lesson_runs import launch, ok
 
 WORK = REPO / "runs" / "lesson4" / "notebook"  # the notebook's folder: the same launches
 RUN = WORK / "run"
-LESSON = REPO / "lessons" / "04_checkpointing"
 
 
 def results(run, metrics) -> dict:
@@ -199,29 +198,12 @@ def test_mismatched_checkpoint_is_a_one_line_error(tmp_path):
     assert "Traceback" not in run.stderr
 
 
-def lesson4_train():
-    """lessons/04_checkpointing/train.py as a module (its folder on the path, as torchrun puts it;
-    its own modules, not another lesson's of the same name)."""
-    names = [p.stem for p in LESSON.glob("*.py")]
-    others = {name: sys.modules.pop(name) for name in names if name in sys.modules}
-    sys.path.insert(0, str(LESSON))
-    try:
-        spec = importlib.util.spec_from_file_location("lesson4_train", LESSON / "train.py")
-        train = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(train)
-    finally:
-        sys.path.remove(str(LESSON))
-        for name in names:
-            sys.modules.pop(name, None)
-        sys.modules.update(others)
-    return train
-
 
 def test_missing_restarts_and_keep_0_are_one_line_errors(capsys, monkeypatch):
     """What train.py checks before training, in this process: its flags (parse_config), then
     the flags that need periodic checkpoints (plumbing.periodic_checkpoints). Through torchrun a
     CourseError is one line and exit 2: the previous test."""
-    train = lesson4_train()
+    train = lesson_script(4)
     with pytest.raises(SystemExit) as exited:  # would prune the checkpoint a resume needs
         parse_config(train.Config, train.__doc__, argv=["--keep", "0"])
     assert exited.value.code == 2

@@ -10,7 +10,6 @@ bad flag and --help go through the script's own parser in this process.
 from __future__ import annotations
 
 import importlib.util
-import sys
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ from course_lab.exercises.lesson6 import MYSTERY, check_find_the_bug
 from course_lab.notebook import launch_lesson
 from fsdp_course.config import parse_config
 from fsdp_course.theory import precision as theory
+from helpers import lesson_script
 
 # The notebook's launches (lessons/06_silent_bugs/06_silent_bugs.ipynb).
 LESSON = MYSTERY.parent  # the exercise's loops import the lesson's nets.py
@@ -239,28 +239,11 @@ def wrong_fix(env, batches, steps, seed, inspect):  # a "fix" that is not the st
     return None
 
 
-def lesson6_train():
-    """lessons/06_silent_bugs/train.py as a module (its folder on the path, as torchrun puts it;
-    its own modules, not another lesson's of the same name)."""
-    names = [p.stem for p in LESSON.glob("*.py")]
-    others = {name: sys.modules.pop(name) for name in names if name in sys.modules}
-    sys.path.insert(0, str(LESSON))
-    try:
-        spec = importlib.util.spec_from_file_location("lesson6_train", LESSON / "train.py")
-        train = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(train)
-    finally:
-        sys.path.remove(str(LESSON))
-        for name in names:
-            sys.modules.pop(name, None)
-        sys.modules.update(others)
-    return train
-
 
 def test_help_lists_the_variants(capsys):
     """train.py --help through the script's own parser (the launcher runs --help on one rank:
     tests/test_launch.py)."""
-    train = lesson6_train()
+    train = lesson_script(6)
     with pytest.raises(SystemExit) as exited:
         parse_config(train.Config, train.__doc__, argv=["--help"])
     assert exited.value.code == 0
@@ -280,7 +263,7 @@ BAD_FLAGS = [
 def test_bad_flags_are_refused_with_one_line(capsys, flags, said):
     """What train.py does with its flags first (parse_config), in this process; the next test
     shows the same through torchrun."""
-    train = lesson6_train()
+    train = lesson_script(6)
     with pytest.raises(SystemExit) as exited:
         parse_config(train.Config, train.__doc__, argv=list(flags))
     assert exited.value.code == 2
