@@ -11,11 +11,11 @@ then --variants (sync_module_states, mixed precision, use_orig_params)."""
 import importlib.util
 import math
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import lesson_script
 from lesson_runs import launch, ok
 from course_lab.exercises.lesson1 import cases_from_metrics, check_predict_bytes
 from course_lab.notebook import mib
@@ -315,7 +315,7 @@ def test_bad_strategies_are_refused_in_one_line_by_the_scripts_parser(text, worl
     its one line and exit 2 (the test above shows that through torchrun)."""
     from fsdp_course.dist import CourseError
 
-    parse_strategies = lesson1_train().parse_strategies
+    parse_strategies = lesson_script(1).parse_strategies
     with pytest.raises(CourseError) as refused:
         parse_strategies(text, world_size, replicas)
     assert said in str(refused.value) and "\n" not in str(refused.value)
@@ -344,21 +344,9 @@ def test_instruments_watch_step_1_and_ms_per_step_times_the_others(m2, m4):
     assert [cell.strip() for cell in line.split("|")[3:]] == ["-", "-"]  # not watched: not measured
 
 
-def lesson1_train():
-    """lessons/01_fsdp_strategies/train.py as a module (its folder on the path, as torchrun puts it)."""
-    folder = REPO / "lessons" / "01_fsdp_strategies"
-    sys.path.insert(0, str(folder))
-    try:
-        spec = importlib.util.spec_from_file_location("lesson1_train", folder / "train.py")
-        train = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(train)
-    finally:
-        sys.path.pop(0)
-    return train
-
 
 def test_variants_parse_once_and_bad_ones_are_one_line():
-    train = lesson1_train()
+    train = lesson_script(1)
     variant_configs = train.variant_configs
     from fsdp_course.config import parse_config, parse_variants
     from fsdp_course.dist import CourseError
