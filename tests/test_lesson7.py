@@ -21,7 +21,7 @@ from course_lab.notebook import launch_lesson
 from fsdp_course.config import parse_config
 from fsdp_course.plan import MODELS
 from fsdp_course.theory import memory
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, lesson_script
 
 NOTEBOOK = REPO_ROOT / "lessons" / "07_memory" / "07_memory.ipynb"
 MATRIX = [f"{api}{extra}" for api in ("api=fsdp2", "api=classic")
@@ -51,20 +51,6 @@ def notebook_value(name: str) -> str:
             return scope[name]
     raise LookupError(name)
 
-
-def lesson7_train():
-    """lessons/07_memory/train.py as a module (its folder on the path, as torchrun puts it)."""
-    import importlib.util
-
-    folder = str(REPO_ROOT / "lessons" / "07_memory")
-    sys.path.insert(0, folder)
-    try:
-        spec = importlib.util.spec_from_file_location("lesson7_train", f"{folder}/train.py")
-        train = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(train)
-    finally:
-        sys.path.remove(folder)
-    return train
 
 
 def ok(run):
@@ -278,7 +264,7 @@ def test_exercise_solution_passes_for_real(repo_root):
 def test_bad_flags_are_refused_with_one_sentence(capsys, flags, said):
     """What train.py does with its flags before training (parse_config, then runs.expand),
     in this process; the next test shows the same through torchrun."""
-    train = lesson7_train()
+    train = lesson_script(7)
     try:
         train.runs.expand(parse_config(train.Config, argv=flags), 2)
     except SystemExit as exc:  # argparse: its one line, exit 2
