@@ -6,15 +6,24 @@ choice, seeding, the toy model and its data, measurement and reporting. What a l
 dicts) stays in the lesson's own script.
 """
 
-from fsdp_course.config import parse_config
-from fsdp_course.data import TextData, load_data
-from fsdp_course.dist import DistEnv, distributed
-from fsdp_course.measure import CommCounter, GatheredParamTracker, activation_bytes, state_bytes
-from fsdp_course.model import GPT, Block, ModelConfig
-from fsdp_course.report import MetricLogger, read_metrics, write_metrics
+from __future__ import annotations
 
-__all__ = [
-    "Block", "CommCounter", "DistEnv", "GPT", "GatheredParamTracker", "MetricLogger",
-    "ModelConfig", "TextData", "activation_bytes", "distributed", "load_data", "parse_config",
-    "read_metrics", "state_bytes", "write_metrics",
-]
+import importlib
+
+# Each name from the module that defines it, imported on first use: a tool that needs none of
+# torch (``python -m fsdp_course.plan``, the quizzes) does not pay the seconds a torch import
+# costs by importing this package.
+_HOMES = {
+    "parse_config": "config", "TextData": "data", "load_data": "data", "DistEnv": "dist",
+    "distributed": "dist", "CommCounter": "measure", "GatheredParamTracker": "measure",
+    "activation_bytes": "measure", "state_bytes": "measure", "GPT": "model", "Block": "model",
+    "ModelConfig": "model", "MetricLogger": "report", "read_metrics": "report",
+    "write_metrics": "report",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'fsdp_course' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"fsdp_course.{_HOMES[name]}"), name)

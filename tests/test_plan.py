@@ -153,6 +153,17 @@ def run_cli(run_cmd, *args):
     return run_cmd([sys.executable, "-m", "fsdp_course.plan", *args], timeout=60)
 
 
+def test_cli_starts_without_torch(run_cmd):
+    """The planner's formulas need no torch: its command answers at once instead of after the
+    seconds a torch import costs (only the course's own named models read the course's data)."""
+    probe = ("import sys; from fsdp_course import plan; "
+             "code = plan.main(['--params', '7e9', '--world-size', '8']); "
+             "print('torch imported:', 'torch' in sys.modules); sys.exit(code)")
+    r = run_cmd([sys.executable, "-c", probe], timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "needed" in r.stdout and r.stdout.splitlines()[-1] == "torch imported: False", r.stdout[-500:]
+
+
 def test_cli_help_and_report(run_cmd):
     r = run_cli(run_cmd, "--help")
     assert r.returncode == 0

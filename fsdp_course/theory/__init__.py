@@ -13,14 +13,27 @@ the same code. One module per topic, each formula with its derivation in its doc
 (``theory.model_state_bytes``); the other topics are ``theory.wrapping`` and so on.
 """
 
-from fsdp_course.theory import accumulation, fsdp2, hsdp, memory, precision, wrapping  # noqa: F401
+from __future__ import annotations
+
+import importlib
+
 from fsdp_course.theory.sharding import (ADAM_STATE_SLOTS, STRATEGIES, collective_bytes,
                                          ddp_state_bytes, fsdp_unit_numels,
                                          gathered_peak_bytes, model_state_bytes, padded,
                                          ring_sent_bytes, shard_group_size, shard_numel)
+
+# The topics are imported on first use (``theory.precision`` needs torch; the planner's
+# formulas do not, so ``python -m fsdp_course.plan`` starts without it).
+TOPICS = ("accumulation", "fsdp2", "hsdp", "memory", "precision", "wrapping")
 
 __all__ = [
     "ADAM_STATE_SLOTS", "STRATEGIES", "accumulation", "collective_bytes", "ddp_state_bytes",
     "fsdp2", "fsdp_unit_numels", "gathered_peak_bytes", "hsdp", "memory", "model_state_bytes",
     "padded", "precision", "ring_sent_bytes", "shard_group_size", "shard_numel", "wrapping",
 ]
+
+
+def __getattr__(name: str):
+    if name not in TOPICS:
+        raise AttributeError(f"module 'fsdp_course.theory' has no attribute {name!r}")
+    return importlib.import_module(f"fsdp_course.theory.{name}")

@@ -21,9 +21,12 @@ to a multiple of N; FSDP2 pads each parameter's first dimension to a multiple of
 
 from __future__ import annotations
 
-import torch.nn as nn
+from typing import TYPE_CHECKING
 
 from fsdp_course.theory.sharding import padded
+
+if TYPE_CHECKING:  # annotations only: the formulas run without torch
+    import torch.nn as nn
 
 
 def fsdp1_padded_numel(unit_numels: list[int], world_size: int) -> int:

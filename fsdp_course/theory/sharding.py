@@ -8,8 +8,10 @@ parameters into one flat parameter of ``n`` elements, pads it to a multiple of t
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch.nn as nn
+if TYPE_CHECKING:  # annotations only: the formulas run without torch
+    import torch.nn as nn
 
 STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
 ADAM_STATE_SLOTS = 2  # exp_avg and exp_avg_sq, each the size of the parameter (fp32)
