@@ -45,6 +45,9 @@ class QuestionBox:
         else:  # code: graded by check_exercise in the notebook
             self.input = widgets.HTML()
         self.input.add_class(f"quiz-input-{q.type}")
+        self._relabelling = False
+        for choice in (self.checks if q.type == "multi" else [self.input] if q.type == "single" else []):
+            choice.observe(self._choice_changed, names="value")
         children.append(self.input)
         if q.type != "code":
             self.button = widgets.Button(description="Check", button_style="primary")
@@ -59,8 +62,10 @@ class QuestionBox:
         self.prompt.value = f"<b>{number}. {_esc(q.prompt[lang])}</b>"
         if q.type == "single":
             keep = self.input.value  # changing the labels must not lose the learner's choice
+            self._relabelling = True
             self.input.options = [(f"{o.id}) {o.text[lang]}", o.id) for o in q.options]
             self.input.value = keep
+            self._relabelling = False
         elif q.type == "multi":
             for cb, o in zip(self.checks, q.options):
                 cb.description = f"{o.id}) {o.text[lang]}"
@@ -69,6 +74,13 @@ class QuestionBox:
             self.input.placeholder = "e.g. 4e6" if lang == "en" else "例如 4e6"
         elif q.type == "code":
             self.input.value = f"<i>{msg('code_here', lang)}</i>"
+
+    def _choice_changed(self, _change) -> None:
+        """Another choice than the one graded: its feedback no longer applies, so it goes. (In
+        a browser this also shows that the kernel has the new choice: the widgets send a choice
+        and a click as separate messages, and a choice can wait while the kernel is busy.)"""
+        if not self._relabelling:
+            self.output.outputs = ()
 
     def answer(self):
         if self.q.type == "single":

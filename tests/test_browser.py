@@ -385,8 +385,10 @@ def test_quiz_feedback_and_score_show_in_the_cell(check_page, lab):
     expect(feedback).to_contain_text("Not quite.")
     expect(score).to_have_text(f"Score: 0 / {graded}")
 
-    # The right answer: feedback and score change.
+    # The right answer: feedback and score change. The old feedback goes as soon as the kernel
+    # has the new choice (a choice waits while the kernel is busy; a click does not wait).
     choose(box, q, correct)
+    expect(feedback).not_to_contain_text("Not quite.")
     box.get_by_role("button", name="Check").click()
     expect(feedback).to_have_text(quizzes.grade("lesson0", q.id, correct, lang="en").feedback)
     expect(feedback).to_contain_text("Correct.")

@@ -271,7 +271,11 @@ def test_widget_answers_a_single_choice_question():
     box.button.click()
     assert box.output.outputs[0]["text"].startswith("Not quite.")
     assert quiz.score.value == f"Score: 0 / {n}"
+    quiz.lang_toggle.value = "zh"  # new labels, the same choice: its feedback stays
+    quiz.lang_toggle.value = "en"
+    assert box.input.value == wrong and box.output.outputs[0]["text"].startswith("Not quite.")
     box.input.value = box.q.secret["correct"]
+    assert box.output.outputs == ()  # the feedback on the other choice no longer applies
     box.button.click()
     assert len(box.output.outputs) == 1 and box.output.outputs[0]["text"].startswith("Correct.")
     assert quiz.score.value == f"Score: 1 / {n}"
