@@ -186,9 +186,6 @@ def main() -> None:
             raise CourseError(str(exc)) from None
         env.print0(f"lesson 7 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
         data = load_data(cfg.data, seed=cfg.seed)
-        # What exists now (torch's modules, the data) lives to the end: the collector stops
-        # looking at it, so the collection after each variant costs ms, not a fifth of a second.
-        gc.freeze()
         # The runs under a limit first (after a warm-up: threads, gloo buffers), then the others
         # with the allocator keeping freed memory again (faster: probes explains why).
         limited = [v for v in variants if v.rank_memory_mib]
