@@ -65,11 +65,7 @@ def lesson_launch(nproc: int):
         return launch_lesson(7, "--variants", notebook_value("LESSON_VARIANTS"), nproc=2)
     limit = notebook_value("LIMIT")
     extra = [f"strategy=DDP,{limit}", f"strategy=FULL_SHARD,{limit}"] if nproc == 4 else []
-    # One rank gets one thread, as torchrun gives each of several ranks: no thread count changes
-    # a byte these tests compare, and on a busy machine a second thread spins (measured: 2.6x
-    # the CPU time).
-    threads = {"OMP_NUM_THREADS": "1"} if nproc == 1 else None
-    return launch_lesson(7, "--variants", ";".join(HALVES[nproc] + extra), nproc=nproc, env=threads)
+    return launch_lesson(7, "--variants", ";".join(HALVES[nproc] + extra), nproc=nproc)
 
 
 def unlimited(runs: list[dict]) -> list[dict]:
