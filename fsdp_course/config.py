@@ -118,7 +118,10 @@ def parse_variants(text: str) -> tuple[Variant, ...]:
 
 
 def with_variant(cfg, changes: dict, fixed: tuple[str, ...] = ("variants", "metrics")):
-    """``cfg`` (a config with a ``variants`` field) with a variant's changes, each value typed like its flag (bool: true/false).
+    """``cfg`` (a config with a ``variants`` field) with a variant's changes, each value typed like
+    its flag: bool true/false, numbers, and a field's own parser (its metadata ``"parse"`` or a
+    type that parses text, like a list flag's) on the value. A list flag takes one value in a
+    variant: commas separate the variant's changes.
     ValueError with one sentence for a flag that does not exist (or is in ``fixed``: a variant
     cannot change it) or a value of the wrong type."""
     fields = {f.name: f for f in dataclasses.fields(cfg)}
@@ -128,6 +131,7 @@ def with_variant(cfg, changes: dict, fixed: tuple[str, ...] = ("variants", "metr
         if name not in fields or name in fixed:
             raise ValueError(f"--variants: no flag {flag}" + (" in a variant" if name in fields else ""))
         current = getattr(cfg, name)
+        parse = fields[name].metadata.get("parse") or _field_type(type(cfg), fields[name])
         if isinstance(current, bool):
             if text.lower() not in ("true", "false"):
                 raise ValueError(f"--variants: {flag[2:]}={text}: write true or false")
@@ -137,8 +141,13 @@ def with_variant(cfg, changes: dict, fixed: tuple[str, ...] = ("variants", "metr
                 typed[name] = type(current)(text)
             except ValueError:
                 raise ValueError(f"--variants: {flag[2:]}={text}: not a number") from None
-        else:
+        elif isinstance(parse, type) and issubclass(parse, str) or not callable(parse):
             typed[name] = text
+        else:
+            try:
+                typed[name] = parse(text)
+            except (ValueError, argparse.ArgumentTypeError) as exc:
+                raise ValueError(f"--variants: {flag[2:]}={text}: {exc}") from None
     return dataclasses.replace(cfg, variants=None, **typed)
 
 

@@ -305,6 +305,46 @@ def test_config_field_with_its_own_parser():
     assert exit_info.value.code == 2
 
 
+def test_a_variant_types_each_value_like_its_flag():
+    """``--variants``: a list flag's value goes through the field's own parser (a type or its
+    metadata "parse"), numbers and booleans are typed, text stays text; a bad value is one
+    sentence naming the flag."""
+    import argparse
+    from dataclasses import dataclass, field
+
+    from fsdp_course.config import names_from, with_variant
+
+    class Wraps(tuple):
+        def __new__(cls, text=()):
+            if isinstance(text, str):
+                if text not in ("none", "transformer"):
+                    raise argparse.ArgumentTypeError(f"{text!r}: choose from none, transformer")
+                text = (text,)
+            return super().__new__(cls, text)
+
+    @dataclass
+    class Config:
+        wrap: Wraps = Wraps(("none", "transformer"))
+        parts: tuple = field(default=("a", "b"), metadata={"parse": names_from(("a", "b"))})
+        model: str = "gpt"
+        data: str | None = None
+        steps: int = 3
+        timeline: bool = False
+        variants: tuple | None = None
+
+    variant = with_variant(Config(), {"wrap": "transformer", "parts": "b", "model": "staged",
+                                      "data": "x.txt", "steps": "5", "timeline": "true"})
+    assert variant == Config(wrap=Wraps(("transformer",)), parts=("b",), model="staged",
+                             data="x.txt", steps=5, timeline=True)
+    assert type(variant.wrap) is Wraps
+    for changes, said in [({"wrap": "blocks"}, "wrap=blocks: 'blocks': choose from none, transformer"),
+                          ({"parts": "c"}, "parts=c: c: choose from a, b"),
+                          ({"steps": "many"}, "steps=many: not a number"),
+                          ({"variants": "x"}, "no flag --variants in a variant")]:
+        with pytest.raises(ValueError, match=re.escape(said)):
+            with_variant(Config(), changes)
+
+
 def test_metric_logger_prints_a_dash_for_what_a_step_did_not_measure(capsys):
     from fsdp_course.report import MetricLogger
 
