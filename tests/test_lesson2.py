@@ -4,9 +4,10 @@ to the byte, no policy gathers the whole model and moves the fewest bytes; per p
 the peaks equal the theory and the recorded timeline shows each setting's order; the exercise's
 checker and policy file work.
 
-The launches are the notebook's, with its exact flags: within a test run each runs once and is
-shared (course_lab.notebook.launch_lesson). Only the 3-rank run and one bad flag (on 1 rank) are the
-tests' own.
+The notebook makes one launch, with --variants for the prefetch settings and the exercise model;
+the fixtures read their runs from it, with its exact flags, so within a test run it runs once and
+is shared (course_lab.notebook.launch_lesson). Only the 3-rank run and one bad flag (on 1 rank) are
+the tests' own; bad variants are checked in-process, through the script's own parser.
 The instruments watch step 1; ms/step is the median of the later steps, which they do not watch.
 """
 
@@ -14,10 +15,12 @@ import functools
 import runpy
 from pathlib import Path
 
+import nbformat
 import pytest
 import torch.nn as nn
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
+from helpers import lesson_script
 from lesson_runs import launch, ok
 from fsdp_course import theory, wrapping
 from fsdp_course.model import Block
@@ -26,13 +29,16 @@ from course_lab.exercises.lesson2 import (check_wrap_policy, policy_file, policy
                                           staged_lm_module)
 
 REPO = Path(__file__).resolve().parents[1]
+NOTEBOOK = REPO / "lessons" / "02_wrap_policies" / "02_wrap_policies.ipynb"
 SOLUTION = REPO / "solutions" / "lesson2_wrap_policy.py"
 STAGED = staged_lm_module()  # also puts lesson 2's folder on sys.path (staged_lm, lesson2_plumbing)
-# The notebook's launches, flag for flag:
-POLICIES = ("--wrap", "none,transformer,size,size:20000,custom", "--steps", "2", "--log-every", "10")
-PREFETCH = ("--wrap", "transformer", "--prefetch", "pre,post,none,forward,no-limit", "--steps", "2",
-            "--log-every", "10", "--timeline")
-STAGED_RUN = ("--model", "staged", "--wrap", "none,transformer", "--steps", "2", "--log-every", "10")
+# The notebook's launch, flag for flag (test_notebook_makes_this_launch): the policies, then
+# each prefetch setting with a timeline, then the exercise model with and without a policy.
+WRAPS = ("none", "transformer", "size", "size:20000", "custom")
+PREFETCHES = ("pre", "post", "none", "forward", "no-limit")
+VARIANTS = ";".join([f"wrap=transformer,prefetch={p},timeline=true" for p in PREFETCHES]
+                    + ["model=staged,wrap=none", "model=staged,wrap=transformer"])
+LAUNCH = ("--wrap", ",".join(WRAPS), "--steps", "2", "--log-every", "10", "--variants", VARIANTS)
 
 
 def runs_by(metrics, key):
@@ -40,17 +46,20 @@ def runs_by(metrics, key):
 
 
 @pytest.fixture(scope="module")
-def n2():
-    proc, m = launch(2, *POLICIES, nproc=2)
+def lesson_runs():
+    proc, m = launch(2, *LAUNCH, nproc=2)
     ok(proc)
-    return runs_by(m, "wrap")
+    return m["results"]["runs"]
 
 
 @pytest.fixture(scope="module")
-def prefetch():
-    proc, m = launch(2, *PREFETCH, nproc=2)
-    ok(proc)
-    return runs_by(m, "prefetch")
+def n2(lesson_runs):
+    return {r["wrap"]: r for r in lesson_runs if r["variant"] is None}  # the --wrap runs
+
+
+@pytest.fixture(scope="module")
+def prefetch(lesson_runs):
+    return {r["prefetch"]: r for r in lesson_runs if r["timeline"]}
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +70,33 @@ def n3():
 
 
 @pytest.fixture(scope="module")
-def staged():
-    proc, m = launch(2, *STAGED_RUN, nproc=2)
-    ok(proc)
-    return runs_by(m, "wrap")
+def staged(lesson_runs):
+    return {r["wrap"]: r for r in lesson_runs if r["model"] == "staged"}
+
+
+def test_notebook_makes_this_launch():
+    """The notebook's one launch has the flags above, so a test run makes it once."""
+    cells = [c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells if c.cell_type == "code"]
+    launching = [source for source in cells if "run_lesson(" in source]
+    assert len(launching) == 1, "the notebook should launch the script once"
+    head, call = launching[0].split("m = run_lesson(")
+    scope: dict = {}
+    exec(head, scope)  # noqa: S102 - the course's own notebook
+    assert scope["VARIANTS"] == VARIANTS
+    assert " ".join(call.split()).startswith(
+        '2, "--wrap", "none,transformer,size,size:20000,custom", "--steps", "2", "--log-every", "10", '
+        '"--variants", VARIANTS, nproc=NPROC)')
+    assert "NPROC = 2" in "".join(cells)
+
+
+def test_one_launch_runs_the_policies_then_each_variant(lesson_runs):
+    """Each run says which flags made it, so the notebook can pick its runs."""
+    made = [(r["model"], r["wrap"], r["prefetch"], r["timeline"] is not None, r["variant"])
+            for r in lesson_runs]
+    assert made == (
+        [("gpt", wrap, "pre", False, None) for wrap in WRAPS]
+        + [("gpt", "transformer", p, True, f"(wrap=transformer,prefetch={p},timeline=true)") for p in PREFETCHES]
+        + [("staged", wrap, "pre", False, f"(model=staged,wrap={wrap})") for wrap in ("none", "transformer")])
 
 
 def assert_matches_theory(run, world_size):
@@ -83,7 +115,7 @@ def assert_matches_theory(run, world_size):
     assert sizes == theory.collective_bytes(run["unit_numels_theory"], world_size, "FULL_SHARD")
 
 
-@pytest.mark.parametrize("wrap", POLICIES[1].split(","))
+@pytest.mark.parametrize("wrap", WRAPS)
 def test_units_peaks_and_collectives_equal_theory(n2, wrap):
     assert_matches_theory(n2[wrap], 2)
     assert n2[wrap]["gathered_theory_by_phase"] == theory.wrapping.gathered_peaks(
@@ -269,6 +301,32 @@ def test_flags_parse_once_into_typed_values():
         load_policy("x.py", Wraps("size"))
     with pytest.raises(CourseError, match="no such file"):
         load_policy("/nonexistent/policy.py", Wraps("custom"))
+
+
+def test_variants_parse_once_and_bad_ones_are_one_line():
+    """The script's own parser and run plan, in-process: what a launch would refuse (one line,
+    exit 2, through fsdp_course.dist.distributed) before anything runs."""
+    train = lesson_script(2)
+    from fsdp_course.config import parse_config, parse_variants
+    from fsdp_course.dist import CourseError
+
+    cfg = parse_config(train.Config, argv=["--wrap", "none,size", "--variants",
+                                           "wrap=transformer,prefetch=post,timeline=true; model=staged"])
+    assert [str(v) for v in cfg.variants] == ["(wrap=transformer,prefetch=post,timeline=true)", "(model=staged)"]
+    plan = [(c.model, wrap, prefetch, c.timeline, variant) for c, wrap, prefetch, variant in train.run_plan(cfg)]
+    assert plan == [("gpt", "none", "pre", False, None), ("gpt", "size", "pre", False, None),
+                    ("gpt", "transformer", "post", True, "(wrap=transformer,prefetch=post,timeline=true)"),
+                    ("staged", "none", "pre", False, "(model=staged)"),  # the command line's --wrap
+                    ("staged", "size", "pre", False, "(model=staged)")]
+    for text, needle in (("warp=1", "no flag --warp"), ("wrap=blocks", "wrap=blocks: 'blocks': choose from"),
+                         ("prefetch=early", "prefetch=early: 'early': choose from"),
+                         ("timeline=yes", "true or false"), ("steps=two", "not a number"),
+                         ("model=llama", "model=llama: choose from gpt, staged"),
+                         ("policy-file=p.py", "no flag --policy-file in a variant")):
+        with pytest.raises(CourseError, match=needle):
+            train.run_plan(parse_config(train.Config, argv=["--variants", text]))
+    with pytest.raises(Exception, match="write flag=value"):
+        parse_variants("timeline")
 
 
 def test_checker_structure():

@@ -1,5 +1,6 @@
 """What lesson 2's script needs and is not about: its list flags (parsed once, by the config),
-loading a policy file, the time per step, and the tables it prints.
+the runs its flags and ``--variants`` ask for, loading a policy file, the time per step, and the
+tables it prints.
 
 A list flag is a type argparse calls on the text: ``--wrap none,size:20000`` arrives in the
 config as ``Wraps(("none", "size:20000"))``, already checked; a bad value is argparse's one-line
@@ -9,9 +10,11 @@ error (exit 2).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import runpy
 from pathlib import Path
 
+from fsdp_course.config import with_variant
 from fsdp_course.dist import CourseError
 from fsdp_course.measure import MiB
 from fsdp_course.report import table, unwatched_ms
@@ -53,8 +56,31 @@ class Prefetches(_Names):
         return name in PREFETCHES
 
 
-def load_policy(path: str | None, wraps: Wraps):
-    """The ``policy`` function a ``--policy-file`` defines (None without one)."""
+def run_plan(cfg) -> list[tuple]:
+    """(config, wrap, prefetch, variant) of every run, in order: each --wrap with each --prefetch,
+    then the same for each ``--variants`` entry, on the command line's config with the variant's
+    flags changed (each typed like its flag: ``wrap=transformer,prefetch=post,timeline=true``).
+    A variant cannot change what the launch loads once (--policy-file, --data). A variant that
+    makes no sense is a CourseError (one line, exit 2) before anything runs."""
+    configs = [(cfg, None)]
+    for changes in cfg.variants or ():
+        try:
+            variant = with_variant(cfg, changes, fixed=("variants", "metrics", "policy_file", "data"))
+        except ValueError as exc:
+            raise CourseError(str(exc)) from None
+        for flag in dataclasses.fields(variant):  # with_variant takes a str flag's text as it is
+            choices = flag.metadata.get("choices")
+            if choices and getattr(variant, flag.name) not in choices:
+                raise CourseError(f"--variants: {flag.name}={getattr(variant, flag.name)}: "
+                                  f"choose from {', '.join(choices)}")
+        configs.append((variant, str(changes)))
+    return [(config, wrap, prefetch, variant) for config, variant in configs
+            for wrap in config.wrap for prefetch in config.prefetch]
+
+
+def load_policy(path: str | None, wraps):
+    """The ``policy`` function a ``--policy-file`` defines (None without one); ``wraps``: the
+    wrap policies the launch runs."""
     if not path:
         return None
     if "custom" not in wraps:
@@ -79,8 +105,11 @@ def step_time(history: list[dict], watched: int) -> dict:
             "ms_timed": "the watched step (no unwatched step after step 0: run --steps 3 or more)"}
 
 
-def print_units(env, title: str, units: list[dict]) -> None:
-    env.print0(f"\n== {title}: {len(units)} FSDP unit(s) ==")
+def print_units(env, cfg, wrap: str, prefetch: str, units: list[dict]) -> None:
+    """The run's flags, as a command line would say them, and the units FSDP made."""
+    flags = f"--model {cfg.model} --wrap {wrap} --prefetch {prefetch}"
+    flags += " --timeline" if cfg.timeline else ""
+    env.print0(f"\n== {flags}: {len(units)} FSDP unit(s) ==")
     env.print0(table([{**u, "MiB": round(u["gathered_bytes"] / MiB, 3)} for u in units]))
 
 

@@ -7,6 +7,8 @@ bytes of all-gathered parameters in forward and backward, and the collectives of
 next to the theory (``fsdp_course.theory.wrapping``). The instruments slow a step down, so they
 watch one step (step 1) and ms/step is the median of the later steps they do not watch.
 ``--timeline`` records that step too: when each unit is gathered, computes and is freed, per rank.
+``--variants`` adds runs after those, each with a few of the command line's flags changed (so the
+notebook is one launch); each run reports its wrap, prefetch, model, timeline and variant.
 
     bash launch/lesson2.sh                                   # --wrap none,transformer on 2 ranks
     bash launch/lesson2.sh --wrap none,transformer,size,custom --metrics runs/wrap.json
@@ -14,7 +16,8 @@ watch one step (step 1) and ms/step is the median of the later steps they do not
     bash launch/lesson2.sh --wrap transformer --prefetch pre,post,none,forward,no-limit --timeline
     bash launch/lesson2.sh --model staged --wrap transformer # the exercise model: wraps nothing!
     bash launch/lesson2.sh --model staged --wrap custom --policy-file my_policy.py
-    torchrun --standalone --nproc-per-node=2 lessons/02_wrap_policies/train.py   # the same
+    bash launch/lesson2.sh --variants "prefetch=post,timeline=true;model=staged,wrap=transformer"
+    torchrun --standalone --nproc-per-node=2 lessons/02_wrap_policies/train.py   # the same as the first
 
 A policy file is a Python file that defines ``policy(module, recurse, nonwrapped_numel) -> bool``.
 """
@@ -33,14 +36,15 @@ from torch.distributed.fsdp.wrap import (lambda_auto_wrap_policy, size_based_aut
                                          transformer_auto_wrap_policy)
 
 from fsdp_course import theory, wrapping
-from fsdp_course.config import TrainConfig, describe, parse_config
+from fsdp_course.config import TrainConfig, describe, parse_config, parse_variants
 from fsdp_course.data import load_data
 from fsdp_course.dist import distributed, mean_over_ranks
 from fsdp_course.measure import MiB, CommCounter, GatheredParamTracker, activation_bytes, state_bytes
 from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import MetricLogger, write_metrics
 from fsdp_course.timeline import StepTimeline
-from lesson2_plumbing import Prefetches, Wraps, load_policy, print_report, print_units, step_time
+from lesson2_plumbing import (Prefetches, Wraps, load_policy, print_report, print_units, run_plan,
+                              step_time)
 from staged_lm import staged_lm
 
 # When FSDP gathers each unit (--prefetch). FSDP's defaults: BACKWARD_PRE, no forward
@@ -68,6 +72,10 @@ class Config(TrainConfig):
     model: str = field(default="gpt", metadata={
         "choices": ("gpt", "staged"), "help": "gpt: the course GPT; staged: the exercise model"})
     steps: int = field(default=10, metadata={"help": "optimizer steps per run"})
+    variants: tuple | None = field(default=None, metadata={
+        "parse": parse_variants, "metavar": "'FLAG=V,FLAG=V;...'",
+        "help": "more runs after the --wrap x --prefetch ones, each with these flags changed "
+                "(one value per list flag; --policy-file and --data stay the command line's)"})
 
 
 def make_policy(wrap: str, cfg: Config, custom_policy):
@@ -109,7 +117,7 @@ def train(cfg: Config, wrap: str, prefetch: str, env, data, custom_policy) -> di
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
 
     # --- loop ------------------------------------------------------------------------------------
-    print_units(env, f"--wrap {wrap} --prefetch {prefetch}", units)
+    print_units(env, cfg, wrap, prefetch, units)
     logger = MetricLogger(env, cfg.log_every)
     watched = min(1, cfg.steps - 1)  # after step 0: prefetching follows the order step 0 recorded
     for step in range(cfg.steps):
@@ -175,14 +183,15 @@ def main() -> None:
     cfg = parse_config(Config, __doc__)
     with distributed(seed=cfg.seed) as env:
         # --- setup -----------------------------------------------------------------------------
-        custom_policy = load_policy(cfg.policy_file, cfg.wrap)
+        plan = run_plan(cfg)  # (config, wrap, prefetch, variant) of every run, checked first
+        custom_policy = load_policy(cfg.policy_file, {wrap for _, wrap, _, _ in plan})
         env.print0(f"lesson 2 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
         if env.world_size == 1:
             env.print0("one rank: FSDP falls back to NO_SHARD, so nothing is gathered (try NPROC=2)")
         data = load_data(cfg.data, seed=cfg.seed)
 
-        runs = [train(cfg, wrap, prefetch, env, data, custom_policy)
-                for wrap in cfg.wrap for prefetch in cfg.prefetch]
+        runs = [train(run_cfg, wrap, prefetch, env, data, custom_policy) | {"variant": variant}
+                for run_cfg, wrap, prefetch, variant in plan]
 
         write_metrics(cfg.metrics, "lesson2", env, cfg, runs[-1]["history"], {"runs": runs})
 
