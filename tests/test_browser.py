@@ -454,12 +454,57 @@ def test_language_toggle_switches_and_is_remembered(check_page, lab):
              what='settings.lang == "en" in the progress file')
 
 
-# --- A real lesson notebook ----------------------------------------------------------------------
+# --- The home page and a real lesson notebook, in one JupyterLab page ------------------------------
+
+@pytest.fixture(scope="module")
+def lesson0_from_home(browser, lab):
+    """lab.sh's default URL opened in a browser (the home page), and its link to lesson 0 clicked:
+    one JupyterLab page and one lesson 0 kernel serve the home-page test and the lesson-0 test.
+    Nothing is run here: the lesson-0 test runs the cells it checks."""
+    from playwright.sync_api import expect
+
+    page = new_page(browser, lab)
+    try:
+        page.goto(f"{lab.base}/?token={lab.token}")
+        landed = page.url
+        home_tab = page.locator(".lm-TabBar-tab", has_text="home.ipynb")
+        expect(page.locator(".lm-TabBar-tab.lm-mod-current", has_text="home.ipynb").first,
+               "lab.sh's default URL did not show lessons/home.ipynb").to_be_visible()
+        home = page.locator(".jp-NotebookPanel:visible")
+        expect(home).to_have_count(1)
+        link = home.locator(".jp-RenderedMarkdown a[href*='00_torchrun_ddp/00_torchrun_ddp.ipynb']").first
+        expect(link, "the home page shows no link to lesson 0's notebook").to_be_visible()
+        link.click()
+        lesson_tab = page.locator(".lm-TabBar-tab.lm-mod-current", has_text="00_torchrun_ddp.ipynb").first
+        expect(lesson_tab, "the home page's lesson 0 link did not open the lesson 0 notebook").to_be_visible()
+        panel = page.locator(".jp-NotebookPanel:visible")
+        expect(panel).to_have_count(1)
+        yield SimpleNamespace(page=page, landed=landed, home_tab=home_tab, panel=panel)
+    finally:
+        page.screenshot(path=str(lab.tmp / "lesson0.png"), full_page=True)
+        page.close()
+
 
 @pytest.mark.browser
-def test_lesson0_notebook_renders_its_quiz(browser, lab):
+def test_home_page_opens_with_lesson_links(lesson0_from_home, lab):
+    """lab.sh's default URL opens lessons/home.ipynb; its links reach the lesson notebooks."""
+    from playwright.sync_api import expect
+
+    page = lesson0_from_home.page
+    assert "/lab/tree/lessons/home.ipynb" in lesson0_from_home.landed, lesson0_from_home.landed
+    expect(lesson0_from_home.home_tab).to_have_count(1)   # still open, behind the lesson it opened
+    current = page.locator(".lm-TabBar-tab.lm-mod-current", has_text="00_torchrun_ddp.ipynb")
+    expect(current).to_have_count(1)
+    nb = nbformat.read(lab.root / LESSON0, as_version=4)
+    title = nb.cells[0].source.splitlines()[0].lstrip("# ")
+    expect(lesson0_from_home.panel.locator(".jp-RenderedMarkdown h1").first).to_contain_text(title)
+
+
+@pytest.mark.browser
+def test_lesson0_notebook_renders_its_quiz(lesson0_from_home, lab):
     """The real lesson 0 notebook: its import cell and its last cell (the quiz)."""
     from playwright.sync_api import expect
+    from quizzes.i18n import msg
 
     nb = nbformat.read(lab.root / LESSON0, as_version=4)
     code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
@@ -468,45 +513,28 @@ def test_lesson0_notebook_renders_its_quiz(browser, lab):
     assert "quizzes.show(" in nb.cells[last].source
 
     bank, q, correct, _, graded = lesson0_facts()
-    page = new_page(browser, lab)
-    try:
-        panel = open_notebook(page, lab, LESSON0)
-        wait_cell_done(run_cell(page, panel, first))   # imports torch: slow on a busy machine
-        cell = run_cell(page, panel, last)
-        wait_cell_done(cell)
-        errors = panel.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
-        assert errors.count() == 0, errors.first.inner_text()
-        assert_no_widget_failure(page, cell)
-        root = cell.locator(".quiz-root")
-        expect(root).to_have_count(1)
-        expect(root.locator(".quiz-question")).to_have_count(len(bank.questions))
-        expect(root).to_contain_text(bank.title["en"])
+    page, panel = lesson0_from_home.page, lesson0_from_home.panel
+    wait_kernel_idle(page)
+    wait_cell_done(run_cell(page, panel, first))   # imports torch: slow on a busy machine
+    cell = run_cell(page, panel, last)
+    wait_cell_done(cell)
+    errors = panel.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+    assert errors.count() == 0, errors.first.inner_text()
+    assert_no_widget_failure(page, cell)
+    root = cell.locator(".quiz-root")
+    expect(root).to_have_count(1)
+    expect(root.locator(".quiz-question")).to_have_count(len(bank.questions))
+    expect(root).to_contain_text(bank.title["en"])
 
-        box = root.locator(f".quiz-q-{q.id}")
-        choose(box, q, correct)
-        box.get_by_role("button", name="Check").click()
-        expect(box.locator(".quiz-feedback")).to_contain_text("Correct.")
-        expect(root.locator(".quiz-score")).to_have_text(re.compile(rf"Score: [1-9]\d* / {graded}"))
-        cell.screenshot(path=str(lab.tmp / "lesson0_quiz.png"))
-    finally:
-        page.screenshot(path=str(lab.tmp / "lesson0.png"), full_page=True)
-        page.close()
-
-
-@pytest.mark.browser
-def test_home_page_opens_with_lesson_links(browser, lab):
-    """lab.sh's default URL opens lessons/home.ipynb; its links reach the lesson notebooks."""
-    from playwright.sync_api import expect
-
-    page = new_page(browser, lab)
-    try:
-        page.goto(f"{lab.base}/?token={lab.token}")
-        panel = page.locator(".jp-NotebookPanel:visible")
-        expect(panel).to_have_count(1)
-        expect(page.locator(".lm-TabBar-tab.lm-mod-current", has_text="home.ipynb").first).to_be_visible()
-        link = panel.locator(".jp-RenderedMarkdown a[href*='00_torchrun_ddp/00_torchrun_ddp.ipynb']").first
-        expect(link).to_be_visible()
-        link.click()
-        expect(page.locator(".lm-TabBar-tab.lm-mod-current", has_text="00_torchrun_ddp.ipynb").first).to_be_visible()
-    finally:
-        page.close()
+    # Check before choosing: the quiz asks for a choice. Choosing clears that message once the
+    # kernel has the choice (a choice waits while the kernel is busy; a click does not wait).
+    box = root.locator(f".quiz-q-{q.id}")
+    feedback = box.locator(".quiz-feedback")
+    box.get_by_role("button", name="Check").click()
+    expect(feedback).to_have_text(msg("pick_first", "en"))
+    choose(box, q, correct)
+    expect(feedback).not_to_contain_text(msg("pick_first", "en"))
+    box.get_by_role("button", name="Check").click()
+    expect(feedback).to_contain_text("Correct.")
+    expect(root.locator(".quiz-score")).to_have_text(f"Score: 1 / {graded}")
+    cell.screenshot(path=str(lab.tmp / "lesson0_quiz.png"))
