@@ -4,31 +4,38 @@ step instead of K times; its memory cost (the unsharded gradient held between mi
 measured per rank; the no-sync-last bug is caught in both APIs; the lesson's loop is measured
 wrong when the last micro-batch is short, and the exercise's solution right, for real.
 
-The launches are the notebook's, with its exact flags: within a test run each runs once and is
-shared (course_lab.notebook.launch_lesson). Only the 3-rank run and one bad flag (on 1 rank) are the
-tests' own.
+The main launch is the notebook's one, with its exact flags (test_notebook_makes_this_launch):
+within a test run it runs once and is shared (course_lab.notebook.launch_lesson); so is the
+exercise's check. Only the 3-rank run and one bad flag (on 1 rank) are the tests' own.
 The instruments watch step 0 (the step ms/step leaves out); later steps are timed unwatched.
 """
 from __future__ import annotations
 
+import ast
+import json
 import runpy
 from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
 
+from helpers import lesson_script
 from lesson_runs import launch, ok
 from fsdp_course import theory
 from course_lab.exercises import lesson3 as ex3
 
 REPO = Path(__file__).resolve().parents[1]
 SOLUTION = REPO / "solutions" / "lesson3_accumulate.py"
-# The notebook's launches, flag for flag:
-# K = 4 in both APIs, no_sync on and off, and the two pitfalls on the lesson's loop (no_sync on):
-# no sync on the last micro-batch either, and a short last micro-batch.
-K4 = ("--accum", "4", "--api", "fsdp1,fsdp2", "--no-sync", "on,off", "--bug", "none,no-sync-last",
-      "--last-batch-size", "0,1", "--steps", "2", "--batch-size", "2", "--log-every", "1")
-SWEEP = ("--accum", "1,2,4,8", "--no-sync", "on,off", "--steps", "1", "--batch-size", "2", "--log-every", "10")
+NOTEBOOK = REPO / "lessons" / "03_no_sync" / "03_no_sync.ipynb"
+# The notebook's one launch, flag for flag, on 2 ranks. The command line is the sweep: classic FSDP,
+# K = 1, 2, 4, 8, no_sync on and off, one step. The variants add K = 4 runs of two steps: FSDP2 with
+# no_sync on and off, and the two pitfalls on the lesson's loop (no_sync on) in both APIs: no sync
+# on the last micro-batch either, and a short last micro-batch.
+LAUNCH = ("--accum", "1,2,4,8", "--no-sync", "on,off", "--steps", "1", "--batch-size", "2", "--variants",
+          "api=fsdp2,accum=4,steps=2;"
+          "accum=4,steps=2,bug=no-sync-last;api=fsdp2,accum=4,steps=2,bug=no-sync-last;"
+          "accum=4,steps=2,last-batch-size=1;api=fsdp2,accum=4,steps=2,last-batch-size=1")
+NPROC = 2
 
 
 def short_last(run):
@@ -47,8 +54,22 @@ def launched(*args, nproc=2):
 
 
 @pytest.fixture(scope="module")
-def both_apis():
-    return launched(*K4)
+def notebook_launch():
+    return launched(*LAUNCH, nproc=NPROC)
+
+
+def test_notebook_makes_this_launch():
+    """The notebook launches the script once (the exercise's check launches on its own, through
+    quizzes.check_exercise): run_lesson(3, ...) with exactly these flags on NPROC ranks, so a test
+    run makes the launch once, for the notebook and these tests."""
+    cells = [cell for cell in json.loads(NOTEBOOK.read_text())["cells"] if cell["cell_type"] == "code"]
+    calls = [node for cell in cells for node in ast.walk(ast.parse("".join(cell["source"])))
+             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "run_lesson"]
+    assert len(calls) == 1
+    (call,) = calls
+    assert tuple(ast.literal_eval(arg) for arg in call.args) == (3, *LAUNCH)
+    assert [(k.arg, k.value.id) for k in call.keywords] == [("nproc", "NPROC")]
+    assert any(f"NPROC = {NPROC} " in "".join(cell["source"]) for cell in cells)
 
 
 # --- theory and the exercise's in-process stage (no torchrun) ---------------------------------
@@ -106,14 +127,18 @@ def test_exercise_untouched_is_not_attempted():
 
 # --- under torchrun ----------------------------------------------------------------------------
 
-def test_both_apis_match_the_big_batch_and_no_sync_reduces_once(both_apis):
+def test_both_apis_match_the_big_batch_and_no_sync_reduces_once(notebook_launch):
     """K = 4, both APIs, no_sync on and off: equal gradients on every rank in all four; one
     reduce-scatter per unit with no_sync (K per unit without); all-gathers unchanged; the
     gradient bytes held between micro-batches per rank; each run's log fits a screen."""
-    proc, data = both_apis
+    proc, data = notebook_launch
     runs, n = runs_by(data), data["world_size"]
-    assert sorted(runs) == sorted((api, 4, no_sync, bug) for api in ("fsdp1", "fsdp2")
-                                  for no_sync, bug in ((True, "none"), (True, "no-sync-last"), (False, "none")))
+    k4 = sorted(key for key in runs if key[1] == 4)
+    assert k4 == sorted((api, 4, no_sync, bug) for api in ("fsdp1", "fsdp2")
+                        for no_sync, bug in ((True, "none"), (True, "no-sync-last"), (False, "none")))
+    # the rest is the sweep's other K: classic FSDP, no_sync on and off
+    assert sorted(set(runs) - set(k4)) == sorted(("fsdp1", k, no_sync, "none") for k in (1, 2, 8)
+                                                 for no_sync in (True, False))
     for api in ("fsdp1", "fsdp2"):
         on, off = runs[(api, 4, True, "none")], runs[(api, 4, False, "none")]
         P, P_pad = on["num_params"], on["padded_numel"]
@@ -137,14 +162,14 @@ def test_both_apis_match_the_big_batch_and_no_sync_reduces_once(both_apis):
     assert fsdp1_on["padded_numel"] != runs[("fsdp2", 4, True, "none")]["padded_numel"]
     blocks, summary = proc.stdout.split("\nper optimizer step")
     blocks = blocks.split("\n== ")[1:]
-    assert len(blocks) == 8 and all(len(b.splitlines()) <= 15 for b in blocks)
-    assert len(summary.splitlines()) == 3 + 8 and "| no-sync-last |" in summary and " 2+2+2+1 |" in summary
+    assert len(blocks) == 14 and all(len(b.splitlines()) <= 15 for b in blocks)
+    assert len(summary.splitlines()) == 3 + 14 and "| no-sync-last |" in summary and " 2+2+2+1 |" in summary
 
 
-def test_instruments_watch_step_0_and_ms_per_step_times_the_others(both_apis):
+def test_instruments_watch_step_0_and_ms_per_step_times_the_others(notebook_launch):
     """Issue 9: step 0 is measured (and left out of ms/step, as the first step always is); the
     later steps are timed with no instrument attached, their memory and traffic columns "-"."""
-    proc, data = both_apis
+    proc, data = notebook_launch
     for run in data["results"]["runs"]:
         first, *later = run["history"]
         assert first["step"] == 0 and first["peak_mib"] > 0 and first["sent_mib"] > 0
@@ -153,8 +178,8 @@ def test_instruments_watch_step_0_and_ms_per_step_times_the_others(both_apis):
     assert [cell.strip() for cell in proc.stdout.split("\n    1 |")[1].splitlines()[0].split("|")[2:]] == ["-", "-"]
 
 
-def test_sweep_bytes_and_memory_against_k():
-    _, data = launched(*SWEEP)
+def test_sweep_bytes_and_memory_against_k(notebook_launch):
+    _, data = notebook_launch
     runs = runs_by(data)
     for k in (1, 2, 4, 8):
         on, off = runs[("fsdp1", k, True, "none")], runs[("fsdp1", k, False, "none")]
@@ -167,11 +192,11 @@ def test_sweep_bytes_and_memory_against_k():
         assert held_on == on["held_theory"] == (4 * on["num_params"] if k > 1 else 0)
 
 
-def test_no_sync_last_bug_is_caught_and_explained(both_apis):
+def test_no_sync_last_bug_is_caught_and_explained(notebook_launch):
     """`--bug no-sync-last`: classic FSDP fails at optimizer.step() (caught, one line, explained)
     with a wrong unsharded gradient on every rank; FSDP2 is silent and never updates. The runs
     after the failed one go on in the same launch."""
-    proc, data = both_apis
+    proc, data = notebook_launch
     out = proc.stdout
     assert "Traceback" not in out
     runs = runs_by(data)
@@ -198,11 +223,11 @@ def test_no_sync_last_bug_is_caught_and_explained(both_apis):
     assert "changed nothing" in out
 
 
-def test_loss_over_k_is_wrong_for_a_short_last_micro_batch(both_apis):
+def test_loss_over_k_is_wrong_for_a_short_last_micro_batch(notebook_launch):
     """The lesson's loop on micro-batches of 2 + 2 + 2 + 1 sequences, in both APIs: synced right
     (one reduce-scatter per unit), and yet every rank's gradient is off — no error says so. Only
     the lesson's loop gets the short micro-batch (no_sync on, no bug): one pitfall at a time."""
-    _, data = both_apis
+    _, data = notebook_launch
     short = [r for r in data["results"]["runs"] if short_last(r)]
     assert sorted(r["api"] for r in short) == ["fsdp1", "fsdp2"]
     for run in short:
@@ -242,17 +267,14 @@ def test_bad_flags_are_one_line():
 
 
 def test_planned_runs_skip_combinations_that_show_nothing():
-    import sys
     from types import SimpleNamespace
-    sys.path.insert(0, str(REPO / "lessons" / "03_no_sync"))
-    try:
-        from lesson3_plumbing import Apis, Bugs, Counts, Sizes, Switches, planned_runs
-    finally:
-        sys.path.pop(0)
+    plumbing = lesson_script(3, "lesson3_plumbing")
+    Apis, Bugs, Counts, Sizes, Switches = (plumbing.Apis, plumbing.Bugs, plumbing.Counts, plumbing.Sizes,
+                                           plumbing.Switches)
     from fsdp_course.dist import CourseError
 
     def plan(no_sync, bug, last):
-        return planned_runs(SimpleNamespace(api=Apis("fsdp1"), no_sync=Switches(no_sync), accum=Counts("3"),
+        return plumbing.combinations(SimpleNamespace(api=Apis("fsdp1"), no_sync=Switches(no_sync), accum=Counts("3"),
                                             bug=Bugs(bug), last_batch_size=Sizes(last), batch_size=2))
     assert plan("on,off", "none,no-sync-last", "0,1") == [
         ("fsdp1", (2, 2, 2), True, "none"), ("fsdp1", (2, 2, 1), True, "none"),
@@ -263,12 +285,9 @@ def test_planned_runs_skip_combinations_that_show_nothing():
 
 
 def test_list_flags_parse_once_into_typed_values():
-    import sys
-    sys.path.insert(0, str(REPO / "lessons" / "03_no_sync"))
-    try:
-        from lesson3_plumbing import Apis, Bugs, Counts, Sizes, Switches
-    finally:
-        sys.path.pop(0)
+    plumbing = lesson_script(3, "lesson3_plumbing")
+    Apis, Bugs, Counts, Sizes, Switches = (plumbing.Apis, plumbing.Bugs, plumbing.Counts, plumbing.Sizes,
+                                           plumbing.Switches)
     assert Counts("1, 2,8") == (1, 2, 8) and str(Counts("1,2")) == "1,2"
     assert Switches("on,off") == (True, False) and str(Switches("off,on")) == "off,on"
     assert Apis("FSDP2,fsdp1") == ("fsdp2", "fsdp1")
@@ -278,3 +297,47 @@ def test_list_flags_parse_once_into_typed_values():
                       (Bugs, "no-sync"), (Sizes, "-1")):
         with pytest.raises(Exception, match=kind.expected.split(",")[0]):
             kind(bad)
+
+
+def test_variants_run_after_the_command_line_and_bad_ones_are_one_line(capsys):
+    """The script's own parser and plan, in-process: each --variants entry is the command line
+    with some flags set to one value (typed by the flag's parser), its runs after the command
+    line's. A bad variant is refused before anything runs with one line (CourseError: exit 2 under
+    torchrun, as test_bad_flags_are_one_line launches), naming the variant."""
+    from fsdp_course.config import parse_config
+    from fsdp_course.dist import CourseError
+    train = lesson_script(3)
+
+    cfg = parse_config(train.Config, argv=list(LAUNCH))
+    assert [str(v) for v in cfg.variants] == [
+        "(api=fsdp2,accum=4,steps=2)", "(accum=4,steps=2,bug=no-sync-last)",
+        "(api=fsdp2,accum=4,steps=2,bug=no-sync-last)", "(accum=4,steps=2,last-batch-size=1)",
+        "(api=fsdp2,accum=4,steps=2,last-batch-size=1)"]
+    plan = train.planned_runs(cfg)
+    sweep = [(1, "fsdp1", (2,) * k, no_sync, "none") for no_sync in (True, False) for k in (1, 2, 4, 8)]
+    assert [(c.steps, api, sizes, no_sync, bug) for c, api, sizes, no_sync, bug in plan] == sweep + [
+        (2, "fsdp2", (2, 2, 2, 2), True, "none"), (2, "fsdp2", (2, 2, 2, 2), False, "none"),
+        (2, "fsdp1", (2, 2, 2, 2), True, "no-sync-last"), (2, "fsdp2", (2, 2, 2, 2), True, "no-sync-last"),
+        (2, "fsdp1", (2, 2, 2, 1), True, "none"), (2, "fsdp2", (2, 2, 2, 1), True, "none")]
+    variant = plan[-1][0]  # typed like the command line's flags; the list flags it leaves are inherited
+    assert (variant.api, variant.accum, variant.no_sync, variant.last_batch_size, variant.variants) == (
+        ("fsdp2",), (4,), (True, False), (1,), None)
+    assert type(variant.accum) is type(cfg.accum) and variant.batch_size == 2
+
+    for text, needle in (("seed=1", "--variants: no flag --seed in a variant"),
+                         ("warp=1", "--variants: no flag --warp"),
+                         ("accum=0", "--variants: accum=0: '0': whole numbers of 1 or more"),
+                         ("api=fsdp2;no-sync=maybe", "--variants: no-sync=maybe: 'maybe': on, off"),
+                         ("steps=x", "--variants: steps=x: not a number"),
+                         ("bug=no-sync-last,no-sync=off",
+                          r"--variants \(bug=no-sync-last,no-sync=off\): --bug no-sync-last is about no_sync"),
+                         ("no-sync=off,last-batch-size=1",
+                          r"--variants \(no-sync=off,last-batch-size=1\): --last-batch-size: a short last"),
+                         ("api=fsdp2", r"--variants \(api=fsdp2\): --loop-file: the exercise")):
+        argv = ["--variants", text] + (["--loop-file", "mine.py"] if text == "api=fsdp2" else [])
+        with pytest.raises(CourseError, match=needle) as refused:
+            train.planned_runs(parse_config(train.Config, argv=argv))
+        assert "\n" not in str(refused.value)
+    with pytest.raises(SystemExit) as refused:  # argparse's own one-line error
+        parse_config(train.Config, argv=["--variants", "accum"])
+    assert refused.value.code == 2 and "write flag=value" in capsys.readouterr().err.splitlines()[-1]

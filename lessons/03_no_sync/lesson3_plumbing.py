@@ -1,5 +1,5 @@
 """What lesson 3's script needs and is not about: its list flags (parsed once, by the config),
-loading a learner's loop file, and the tables it prints.
+the runs they and ``--variants`` ask for, loading a learner's loop file, and the tables it prints.
 
 A list flag is a type argparse calls on the text: ``--accum 1,2,4`` arrives in the config as
 ``Counts((1, 2, 4))``, already checked; a bad value is argparse's one-line error (exit 2).
@@ -8,15 +8,22 @@ A list flag is a type argparse calls on the text: ``--accum 1,2,4`` arrives in t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import itertools
 
+from fsdp_course.config import with_variant
 from fsdp_course.dist import CourseError
 from fsdp_course.measure import MiB
 from fsdp_course.report import table
 
 APIS = ("fsdp1", "fsdp2")
 BUGS = ("none", "no-sync-last")
+# What a variant may change: the runs' own flags. The model, data and seed stay the command line's,
+# so that runs with the same micro-batch sizes share one big-batch reference.
+VARIANT_FLAGS = ("accum", "no_sync", "api", "bug", "last_batch_size", "steps", "batch_size")
+VARIANTS_HELP = ("more runs after the list flags' combinations, ';' between them: each the command line "
+                 f"with some of {', '.join(f.replace('_', '-') for f in VARIANT_FLAGS)} set to one value")
 
 
 class _List(tuple):
@@ -84,6 +91,25 @@ def check_flags(cfg) -> None:
 
 
 def planned_runs(cfg) -> list[tuple]:
+    """(config, api, micro-batch sizes, no_sync, bug) for every run: the command line's
+    combinations, then each ``--variants`` entry's (the command line with its changes). All are
+    checked before anything runs: CourseError, one line, for a bad variant or combination."""
+    fixed = tuple(f.name for f in dataclasses.fields(cfg) if f.name not in VARIANT_FLAGS)
+    runs = []
+    for changes in (None, *(cfg.variants or ())):
+        try:
+            config = cfg if changes is None else with_variant(cfg, changes, fixed)
+        except ValueError as exc:  # already names the variant's flag
+            raise CourseError(str(exc)) from None
+        try:
+            check_flags(config)
+            runs += [(config, *run) for run in combinations(config)]
+        except CourseError as exc:
+            raise CourseError(str(exc) if changes is None else f"--variants {changes}: {exc}") from None
+    return runs
+
+
+def combinations(cfg) -> list[tuple]:
     """(api, micro-batch sizes, no_sync, bug) for every combination of the list flags that shows
     something: the bug is no_sync on the last micro-batch too, so it needs no_sync on; a short
     last micro-batch is about the loss scaling of the lesson's own loop (no_sync on, no bug)."""

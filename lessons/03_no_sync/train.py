@@ -9,8 +9,8 @@ ran every rank's micro-batches as one batch, each collective's bytes, the gradie
     bash launch/lesson3.sh --accum 4 --no-sync off         # reduce-scatter every micro-batch
     bash launch/lesson3.sh --accum 4 --bug no-sync-last    # the pitfall: no_sync on all K
     bash launch/lesson3.sh --accum 4 --api fsdp1,fsdp2     # FSDP2's set_requires_gradient_sync
-    bash launch/lesson3.sh --accum 1,2,4,8 --no-sync on,off --bug none,no-sync-last   # one launch
     bash launch/lesson3.sh --accum 4 --last-batch-size 1   # a short last micro-batch (0,1: both)
+    bash launch/lesson3.sh --accum 1,2,4,8 --variants "api=fsdp2,accum=4;accum=4,bug=no-sync-last"
     bash launch/lesson3.sh --accum 4 --loop-file my_loop.py   # your accumulate(), checked
 """
 
@@ -27,13 +27,13 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
 from fsdp_course import accumulation, theory
-from fsdp_course.config import TrainConfig, describe, parse_config
+from fsdp_course.config import TrainConfig, describe, parse_config, parse_variants
 from fsdp_course.data import load_data
 from fsdp_course.dist import distributed, mean_over_ranks
 from fsdp_course.measure import MiB, CommCounter, state_bytes
 from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import MetricLogger, unwatched_ms, write_metrics
-from lesson3_plumbing import (Apis, Bugs, Counts, Sizes, Switches, check_flags, load_loop, planned_runs,
+from lesson3_plumbing import (VARIANTS_HELP, Apis, Bugs, Counts, Sizes, Switches, load_loop, planned_runs,
                               print_check, print_header, print_summary)
 
 
@@ -55,6 +55,8 @@ class Config(TrainConfig):
     batch_size: int = field(default=8, metadata={"help": "sequences per rank per micro-batch"})
     last_batch_size: Sizes = field(default=Sizes("0"), metadata={
         "help": "sequences per rank in the last micro-batch of a step (0: --batch-size): " + Sizes.expected})
+    variants: tuple | None = field(default=None, metadata={
+        "parse": parse_variants, "metavar": "'FLAG=V,FLAG=V;...'", "help": VARIANTS_HELP})
 
 
 def accumulate(model, micro_batches, loss_fn, no_sync=True, bug="none"):
@@ -166,9 +168,8 @@ def train(cfg: Config, api: str, sizes: tuple, no_sync: bool, bug: str, env, dat
         **{f"held_between_{kind}": max(r["held_between"][kind] for r in per_rank) for kind in held_between},
         "held_theory": theory.accumulation.held_grad_bytes_theory(num_params, padded, env.world_size,
                                                                   no_sync) if accum > 1 else 0,
-        "ms_per_step": unwatched_ms(logger.history),
+        "ms_per_step": unwatched_ms(logger.history), "history": logger.history,
         "loss_first": logger.history[0]["loss"], "loss_last": logger.history[-1]["loss"],
-        "history": logger.history,
     }
     print_check(env, result, sizes, cfg.tolerance)
     return result
@@ -178,7 +179,7 @@ def main() -> None:
     cfg = parse_config(Config, __doc__)
     with distributed(seed=cfg.seed) as env:
         # --- setup ---------------------------------------------------------------------------
-        check_flags(cfg)  # combinations that make no sense: one line, exit 2
+        plan = planned_runs(cfg)  # every run's flags, checked first: a bad one is one line, exit 2
         learner = load_loop(cfg.loop_file) if cfg.loop_file else None
         env.print0(f"lesson 3 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
         data = load_data(cfg.data, seed=cfg.seed)
@@ -186,9 +187,9 @@ def main() -> None:
         warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
 
         runs, references = [], {}
-        for api, sizes, no_sync, bug in planned_runs(cfg):  # the list flags' combinations
+        for run_cfg, api, sizes, no_sync, bug in plan:  # the command line's runs, then the variants'
             loop = learner or functools.partial(accumulate, no_sync=no_sync, bug=bug)
-            runs.append(train(cfg, api, sizes, no_sync, bug, env, data, loop, references))
+            runs.append(train(run_cfg, api, sizes, no_sync, bug, env, data, loop, references))
 
         print_summary(env, runs)
         write_metrics(cfg.metrics, "lesson3", env, cfg, runs[-1]["history"], {"runs": runs})
