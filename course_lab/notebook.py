@@ -20,6 +20,7 @@ import hashlib
 import html
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -176,7 +177,8 @@ def _in_notebook() -> bool:
 
 def show_log(run: LessonRun) -> None:
     """The command, its exit code and its log: folded in JupyterLab, printed elsewhere."""
-    command = (f"NPROC={run.nproc} " if run.nproc else "") + " ".join(run.command)
+    # Quoted as a shell needs it: a --variants value holds ";", which would end the command.
+    command = (f"NPROC={run.nproc} " if run.nproc else "") + shlex.join(map(str, run.command))
     lines = run.stdout.count("\n")
     summary = f"$ {command}   (exit {run.returncode}, {lines} lines of log)"
     if not _in_notebook():

@@ -375,3 +375,19 @@ def test_prune_keeps_the_newest_and_refuses_to_keep_none(tmp_path):
     with pytest.raises(ValueError, match="at least 1"):
         ckpt.prune(tmp_path, 0)
     assert [p.name for p in ckpt.published(tmp_path)] == found[1:]
+
+
+def test_a_launch_log_shows_its_command_as_a_shell_reads_it(capsys):
+    """The notebook's folded log starts with the command a learner can paste into a terminal:
+    a --variants value holds ";", so it is quoted."""
+    import shlex
+
+    from course_lab.notebook import LessonRun, show_log
+
+    command = ["bash", "launch/lesson2.sh", "--variants", "wrap=none;model=staged,wrap=none"]
+    show_log(LessonRun(command=command, returncode=0, stdout="step 0\n", stderr="", metrics=None,
+                       nproc="2"))
+    summary = capsys.readouterr().out.splitlines()[0]
+    assert summary.startswith("$ NPROC=2 bash launch/lesson2.sh --variants ")
+    pasted = summary[2:summary.index("   (exit 0")]
+    assert shlex.split(pasted) == ["NPROC=2", *command]
