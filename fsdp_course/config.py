@@ -120,8 +120,9 @@ def parse_variants(text: str) -> tuple[Variant, ...]:
 def with_variant(cfg, changes: dict, fixed: tuple[str, ...] = ("variants", "metrics")):
     """``cfg`` (a config with a ``variants`` field) with a variant's changes, each value typed like
     its flag: bool true/false, numbers, and a field's own parser (its metadata ``"parse"`` or a
-    type that parses text, like a list flag's) on the value. A list flag takes one value in a
-    variant: commas separate the variant's changes.
+    type that parses text, like a list flag's) on the value, checked against the field's
+    ``"choices"`` as argparse does. A list flag takes one value in a variant: commas separate the
+    variant's changes.
     ValueError with one sentence for a flag that does not exist (or is in ``fixed``: a variant
     cannot change it) or a value of the wrong type."""
     fields = {f.name: f for f in dataclasses.fields(cfg)}
@@ -148,6 +149,9 @@ def with_variant(cfg, changes: dict, fixed: tuple[str, ...] = ("variants", "metr
                 typed[name] = parse(text)
             except (ValueError, argparse.ArgumentTypeError) as exc:
                 raise ValueError(f"--variants: {flag[2:]}={text}: {exc}") from None
+        choices = fields[name].metadata.get("choices")
+        if choices and typed[name] not in choices:  # what argparse checks on the command line
+            raise ValueError(f"--variants: {flag[2:]}={text}: choose from {', '.join(map(str, choices))}")
     return dataclasses.replace(cfg, variants=None, **typed)
 
 

@@ -326,7 +326,7 @@ def test_a_variant_types_each_value_like_its_flag():
     class Config:
         wrap: Wraps = Wraps(("none", "transformer"))
         parts: tuple = field(default=("a", "b"), metadata={"parse": names_from(("a", "b"))})
-        model: str = "gpt"
+        model: str = field(default="gpt", metadata={"choices": ("gpt", "staged")})
         data: str | None = None
         steps: int = 3
         timeline: bool = False
@@ -340,6 +340,7 @@ def test_a_variant_types_each_value_like_its_flag():
     for changes, said in [({"wrap": "blocks"}, "wrap=blocks: 'blocks': choose from none, transformer"),
                           ({"parts": "c"}, "parts=c: c: choose from a, b"),
                           ({"steps": "many"}, "steps=many: not a number"),
+                          ({"model": "llama"}, "model=llama: choose from gpt, staged"),
                           ({"variants": "x"}, "no flag --variants in a variant")]:
         with pytest.raises(ValueError, match=re.escape(said)):
             with_variant(Config(), changes)

@@ -10,7 +10,6 @@ error (exit 2).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import runpy
 from pathlib import Path
 
@@ -68,11 +67,6 @@ def run_plan(cfg) -> list[tuple]:
             variant = with_variant(cfg, changes, fixed=("variants", "metrics", "policy_file", "data"))
         except ValueError as exc:
             raise CourseError(str(exc)) from None
-        for flag in dataclasses.fields(variant):  # with_variant takes a str flag's text as it is
-            choices = flag.metadata.get("choices")
-            if choices and getattr(variant, flag.name) not in choices:
-                raise CourseError(f"--variants: {flag.name}={getattr(variant, flag.name)}: "
-                                  f"choose from {', '.join(choices)}")
         configs.append((variant, str(changes)))
     return [(config, wrap, prefetch, variant) for config, variant in configs
             for wrap in config.wrap for prefetch in config.prefetch]
