@@ -189,7 +189,9 @@ def parse_config(cls, doc: str | None = None, argv: list[str] | None = None):
 def describe(cfg) -> str:
     """The config on one line, echoed once by rank 0 (a list flag as it is typed: a,b)."""
     def shown(value):
-        return ",".join(map(str, value)) if isinstance(value, (tuple, list)) else value
+        if isinstance(value, (tuple, list)) and type(value).__str__ is object.__str__:
+            return ",".join(map(str, value))
+        return value  # a list flag's own type says itself as typed (lesson 3's on,off)
     return " ".join(f"{k}={shown(v)}" for k, v in dataclasses.asdict(cfg).items())
 
 

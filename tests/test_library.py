@@ -312,7 +312,7 @@ def test_a_variant_types_each_value_like_its_flag():
     import argparse
     from dataclasses import dataclass, field
 
-    from fsdp_course.config import names_from, with_variant
+    from fsdp_course.config import describe, names_from, with_variant
 
     class Wraps(tuple):
         def __new__(cls, text=()):
@@ -337,6 +337,17 @@ def test_a_variant_types_each_value_like_its_flag():
     assert variant == Config(wrap=Wraps(("transformer",)), parts=("b",), model="staged",
                              data="x.txt", steps=5, timeline=True)
     assert type(variant.wrap) is Wraps
+
+    class Switches(tuple):
+        def __str__(self):
+            return ",".join("on" if value else "off" for value in self)
+
+    @dataclass
+    class Echoed:
+        parts: tuple = ("a", "b")
+        no_sync: Switches = Switches((True, False))
+
+    assert describe(Echoed()) == "parts=a,b no_sync=on,off"  # each list flag as it is typed
     for changes, said in [({"wrap": "blocks"}, "wrap=blocks: 'blocks': choose from none, transformer"),
                           ({"parts": "c"}, "parts=c: c: choose from a, b"),
                           ({"steps": "many"}, "steps=many: not a number"),
