@@ -5,6 +5,8 @@ Widgets that render under nbclient but not in JupyterLab (ipywidgets and its lab
 step, feedback printed to the log console instead of the cell) only show up here. The server runs
 lab.sh's own command on a free loopback port with a known token, serving a temporary copy of the
 notebooks (JupyterLab writes .ipynb_checkpoints) with the quiz progress file in that folder too.
+One browser page, opened at lab.sh's default URL (the home page), serves the whole file: each
+notebook opens in a tab of it, and each test brings its notebook's tab to the front.
 
 Needs Debian's ``chromium`` (``apt-get install chromium``; .ci/run installs it when it can) and
 the ``playwright`` Python package; never ``playwright install``: the system Chromium is used.
@@ -36,6 +38,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--disable-dev-shm-usage"]
 WAIT_MS = 30_000          # Playwright's default of 5 s is too short for kernels and widgets
+DOCUMENT_TABS = ".lm-DockPanel-tabBar .lm-TabBar-tab"   # JupyterLab's tabs of open documents
 CHECK_NB = "browser_check.ipynb"
 LESSON0 = "lessons/00_torchrun_ddp/00_torchrun_ddp.ipynb"
 # What JupyterLab shows instead of a widget when ipywidgets and its lab extension disagree
@@ -267,15 +270,51 @@ def new_page(browser, lab):
     return page
 
 
-def open_notebook(page, lab, path: str):
+@pytest.fixture(scope="module")
+def lab_page(browser, lab):
+    """One JupyterLab page for the whole file, opened at lab.sh's default URL as a learner's
+    browser opens it. Loading JupyterLab costs Chromium more CPU than anything else here, so each
+    notebook opens in a tab of this page, and a test brings its notebook to the front first."""
     from playwright.sync_api import expect
 
-    # A workspace of its own per page: JupyterLab would otherwise reopen the tabs of earlier pages.
-    page.goto(f"{lab.base}/lab/workspaces/test-{secrets.token_hex(4)}/tree/{path}?token={lab.token}")
-    panel = page.locator(".jp-NotebookPanel:visible")
-    expect(panel).to_have_count(1)
-    wait_kernel_idle(page)
-    return panel
+    page = new_page(browser, lab)
+    page.goto(f"{lab.base}/?token={lab.token}")
+    landed_url = page.url                               # before JupyterLab's router changes it
+    expect(page.locator(".jp-MainAreaWidget:visible"),
+           "JupyterLab at lab.sh's default URL shows no document").to_have_count(1)
+    yield SimpleNamespace(page=page, landed_url=landed_url)
+    page.screenshot(path=str(lab.tmp / "lab_page.png"), full_page=True)
+    page.close()
+
+
+class NotebookTab:
+    """A notebook's tab in the shared page and its panel, found by the tab's widget id (not by
+    visibility: the other notebooks' panels are in the page too, hidden)."""
+
+    def __init__(self, page, name: str):
+        from playwright.sync_api import expect
+
+        self.page = page
+        self.tab = page.locator(DOCUMENT_TABS, has_text=name)
+        expect(self.tab, f"no tab for {name}").to_have_count(1)
+        self.panel = page.locator(f"[id='{self.tab.get_attribute('data-id')}']")
+
+    def show(self):
+        from playwright.sync_api import expect
+
+        self.tab.click()
+        expect(self.panel).to_be_visible()
+        return self
+
+
+def open_from_path(page, path: str) -> NotebookTab:
+    """File > Open from Path...: the notebook in a new tab of this page (no second page load)."""
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^File$")).click()
+    page.locator(".lm-Menu-item[data-command='filebrowser:open-path']").click()
+    dialog = page.locator(".jp-Dialog")
+    dialog.locator("input").fill(path)
+    dialog.locator("button.jp-mod-accept").click()
+    return NotebookTab(page, Path(path).name)
 
 
 def wait_kernel_idle(page, timeout_ms=90_000):
@@ -342,22 +381,22 @@ def choose(box, q, option_id):
 # --- The quiz and a plot in the browser ----------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def check_page(browser, lab):
-    """The small check notebook, opened and run once (Run -> Run All Cells)."""
+def check_page(lab_page, lab):
+    """The small check notebook, opened in the shared page and run once (Run -> Run All Cells)."""
     from playwright.sync_api import expect
 
-    page = new_page(browser, lab)
-    panel = open_notebook(page, lab, CHECK_NB)
+    page = lab_page.page
+    check = open_from_path(page, CHECK_NB).show()
+    wait_kernel_idle(page)
     run_all(page)
-    cells = panel.locator(".jp-Notebook .jp-Cell")
+    cells = check.panel.locator(".jp-Notebook .jp-Cell")
     for i in range(2):
         wait_cell_done(cells.nth(i))
     page.screenshot(path=str(lab.tmp / "check_notebook.png"), full_page=True)
-    assert_no_widget_failure(page, panel)
-    expect(panel.locator(".quiz-root")).to_have_count(1)
-    expect(panel.locator(".jp-OutputArea-output img")).to_have_count(1)
-    yield SimpleNamespace(page=page, panel=panel)
-    page.close()
+    assert_no_widget_failure(page, check.panel)
+    expect(check.panel.locator(".quiz-root")).to_have_count(1)
+    expect(check.panel.locator(".jp-OutputArea-output img")).to_have_count(1)
+    return check
 
 
 @pytest.mark.browser
@@ -365,7 +404,7 @@ def test_quiz_feedback_and_score_show_in_the_cell(check_page, lab):
     from playwright.sync_api import expect
     import quizzes
 
-    page, panel = check_page.page, check_page.panel
+    page, panel = check_page.page, check_page.show().panel
     bank, q, correct, wrong, graded = lesson0_facts()
     root = panel.locator(".quiz-root")
     assert_no_widget_failure(page, panel)
@@ -404,7 +443,7 @@ def test_quiz_feedback_and_score_show_in_the_cell(check_page, lab):
 def test_plot_renders_and_is_not_blank(check_page, lab):
     from PIL import Image, ImageStat
 
-    img = check_page.panel.locator(".jp-OutputArea-output img")
+    img = check_page.show().panel.locator(".jp-OutputArea-output img")
     img.scroll_into_view_if_needed()
     size = img.evaluate("i => [i.naturalWidth, i.naturalHeight, i.complete]")
     assert size[2] and size[0] > 100 and size[1] > 100, f"the figure did not load: {size}"
@@ -425,7 +464,7 @@ def test_plot_renders_and_is_not_blank(check_page, lab):
 def test_language_toggle_switches_and_is_remembered(check_page, lab):
     from playwright.sync_api import expect
 
-    page, panel = check_page.page, check_page.panel
+    page, panel = check_page.page, check_page.show().panel
     bank, q, _, _, graded = lesson0_facts()
     root = panel.locator(".quiz-root")
     box = root.locator(f".quiz-q-{q.id}")
@@ -454,50 +493,37 @@ def test_language_toggle_switches_and_is_remembered(check_page, lab):
              what='settings.lang == "en" in the progress file')
 
 
-# --- The home page and a real lesson notebook, in one JupyterLab page ------------------------------
+# --- The home page and a real lesson notebook ------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def lesson0_from_home(browser, lab):
-    """lab.sh's default URL opened in a browser (the home page), and its link to lesson 0 clicked:
-    one JupyterLab page and one lesson 0 kernel serve the home-page test and the lesson-0 test.
-    Nothing is run here: the lesson-0 test runs the cells it checks."""
+def lesson0_from_home(lab_page, lab):
+    """Lesson 0 as a learner reaches it: the home page's link to it clicked. One lesson 0 notebook
+    (and kernel) serves the home-page test and the lesson-0 test; nothing is run here: the
+    lesson-0 test runs the cells it checks."""
     from playwright.sync_api import expect
 
-    page = new_page(browser, lab)
-    try:
-        page.goto(f"{lab.base}/?token={lab.token}")
-        landed = page.url
-        home_tab = page.locator(".lm-TabBar-tab", has_text="home.ipynb")
-        expect(page.locator(".lm-TabBar-tab.lm-mod-current", has_text="home.ipynb").first,
-               "lab.sh's default URL did not show lessons/home.ipynb").to_be_visible()
-        home = page.locator(".jp-NotebookPanel:visible")
-        expect(home).to_have_count(1)
-        link = home.locator(".jp-RenderedMarkdown a[href*='00_torchrun_ddp/00_torchrun_ddp.ipynb']").first
-        expect(link, "the home page shows no link to lesson 0's notebook").to_be_visible()
-        link.click()
-        lesson_tab = page.locator(".lm-TabBar-tab.lm-mod-current", has_text="00_torchrun_ddp.ipynb").first
-        expect(lesson_tab, "the home page's lesson 0 link did not open the lesson 0 notebook").to_be_visible()
-        panel = page.locator(".jp-NotebookPanel:visible")
-        expect(panel).to_have_count(1)
-        yield SimpleNamespace(page=page, landed=landed, home_tab=home_tab, panel=panel)
-    finally:
-        page.screenshot(path=str(lab.tmp / "lesson0.png"), full_page=True)
-        page.close()
+    page = lab_page.page
+    home = NotebookTab(page, "home.ipynb").show()
+    link = home.panel.locator(".jp-RenderedMarkdown a[href*='00_torchrun_ddp/00_torchrun_ddp.ipynb']").first
+    expect(link, "the home page shows no link to lesson 0's notebook").to_be_visible()
+    link.click()
+    expect(page.locator(f"{DOCUMENT_TABS}.lm-mod-current", has_text="00_torchrun_ddp.ipynb"),
+           "the home page's lesson 0 link did not bring lesson 0's notebook to the front").to_have_count(1)
+    return NotebookTab(page, "00_torchrun_ddp.ipynb")
 
 
 @pytest.mark.browser
-def test_home_page_opens_with_lesson_links(lesson0_from_home, lab):
+def test_home_page_opens_with_lesson_links(lab_page, lesson0_from_home, lab):
     """lab.sh's default URL opens lessons/home.ipynb; its links reach the lesson notebooks."""
     from playwright.sync_api import expect
 
-    page = lesson0_from_home.page
-    assert "/lab/tree/lessons/home.ipynb" in lesson0_from_home.landed, lesson0_from_home.landed
-    expect(lesson0_from_home.home_tab).to_have_count(1)   # still open, behind the lesson it opened
-    current = page.locator(".lm-TabBar-tab.lm-mod-current", has_text="00_torchrun_ddp.ipynb")
-    expect(current).to_have_count(1)
+    assert "/lab/tree/lessons/home.ipynb" in lab_page.landed_url, lab_page.landed_url
+    # A notebook opens in a tab after the current one: the first tab is what the URL opened.
+    expect(lab_page.page.locator(DOCUMENT_TABS).first).to_have_text("home.ipynb")
     nb = nbformat.read(lab.root / LESSON0, as_version=4)
     title = nb.cells[0].source.splitlines()[0].lstrip("# ")
-    expect(lesson0_from_home.panel.locator(".jp-RenderedMarkdown h1").first).to_contain_text(title)
+    heading = lesson0_from_home.show().panel.locator(".jp-RenderedMarkdown h1").first
+    expect(heading).to_contain_text(title)
 
 
 @pytest.mark.browser
@@ -512,8 +538,11 @@ def test_lesson0_notebook_renders_its_quiz(lesson0_from_home, lab):
     assert "import quizzes" in nb.cells[first].source
     assert "quizzes.show(" in nb.cells[last].source
 
-    bank, q, correct, _, graded = lesson0_facts()
-    page, panel = lesson0_from_home.page, lesson0_from_home.panel
+    bank, _, _, _, graded = lesson0_facts()
+    # Not the question the check notebook's quiz test answers: their progress records stay apart.
+    q = [x for x in bank.questions if x.type == "single"][-1]
+    correct = q.secret["correct"]
+    page, panel = lesson0_from_home.page, lesson0_from_home.show().panel
     wait_kernel_idle(page)
     wait_cell_done(run_cell(page, panel, first))   # imports torch: slow on a busy machine
     cell = run_cell(page, panel, last)
@@ -538,3 +567,6 @@ def test_lesson0_notebook_renders_its_quiz(lesson0_from_home, lab):
     expect(feedback).to_contain_text("Correct.")
     expect(root.locator(".quiz-score")).to_have_text(f"Score: 1 / {graded}")
     cell.screenshot(path=str(lab.tmp / "lesson0_quiz.png"))
+    rec = wait_for(lambda: read_progress(lab).get("lessons", {}).get("lesson0", {}).get(q.id),
+                   what="the answer in the progress file")
+    assert rec["attempts"] == 1 and rec["correct"] is True, rec   # "choose first" is no attempt
