@@ -96,13 +96,13 @@ def pytest_unconfigure(config):
 
 
 # The order in which the two workers take the groups: the longest first (from a fresh-clone
-# run of the whole suite, seconds per group: lesson7 242, lesson8 159, lesson4 124, lesson6 109,
-# lesson5 95, lesson2 79, library 68, lesson3 65, lesson1 63, browser 52, lesson0 44, slurm 42,
-# plan 35; everything else under 15). A long group taken last keeps one worker busy while the
-# other idles; taken first, the short ones fill in around it. Scheduling only: no test
-# depends on it.
-LONGEST_FIRST = ("lesson7", "lesson8", "lesson4", "lesson6", "lesson5", "lesson2", "test_library",
-                 "lesson3", "lesson1", "test_browser", "lesson0", "test_slurm", "test_plan")
+# run of the whole suite, seconds per group with its notebook: lesson8 158, lesson7 152,
+# lesson4 126, lesson5 116, lesson6 77, browser 67, lesson2 66, lesson3 64, lesson1 61, library
+# 50, lesson0 49, slurm 26, plan 4; everything else under 15). A long group taken last keeps one
+# worker busy while the other idles; taken first, the short ones fill in around it. Scheduling
+# only: no test depends on it.
+LONGEST_FIRST = ("lesson8", "lesson7", "lesson4", "lesson5", "lesson6", "test_browser", "lesson2",
+                 "lesson3", "lesson1", "test_library", "lesson0", "test_slurm", "test_plan")
 
 
 @pytest.hookimpl(tryfirst=True)
