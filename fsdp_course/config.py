@@ -20,6 +20,7 @@ import dataclasses
 import os
 import sys
 import time
+import types
 import typing
 
 
@@ -32,27 +33,32 @@ def _field_type(cls, field: dataclasses.Field):
     return hints.get(field.name, type(field.default))
 
 
+def _field_parser(cls, field: dataclasses.Field):
+    """What turns a flag's text into the field's value, on the command line and in a variant.
+    A field may bring its own parser (metadata "parse": text -> value, raising ValueError or
+    argparse.ArgumentTypeError with a message): list flags like "--strategy A,B" are turned into
+    typed values here, once, instead of in each script. Else its type parses it ("str | None"
+    and friends: the first type that is not None)."""
+    if "parse" in field.metadata:
+        return field.metadata["parse"]
+    kind = _field_type(cls, field)
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        kind = next(arg for arg in typing.get_args(kind) if arg is not type(None))
+    return kind
+
+
 def build_parser(cls, doc: str | None = None) -> argparse.ArgumentParser:
     prog = sys.argv[0].rsplit("/", 1)[-1] if sys.argv and sys.argv[0] else None
     parser = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=_Formatter)
     for field in dataclasses.fields(cls):
         flag = "--" + field.name.replace("_", "-")
-        kind = _field_type(cls, field)
         help_text = field.metadata.get("help", " ")
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
-        if kind is bool:
+        if _field_type(cls, field) is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
                                 help=help_text)
             continue
-        origin = typing.get_origin(kind)
-        if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-            # "str | None" and friends: the first non-None type parses the flag.
-            kind = next(arg for arg in typing.get_args(kind) if arg is not type(None))
-        # A field may bring its own parser (metadata "parse": text -> value, raising ValueError
-        # or argparse.ArgumentTypeError with a message): list flags like "--strategy A,B" are
-        # turned into typed values here, once, instead of in each script.
-        parse = field.metadata.get("parse", kind)
-        parser.add_argument(flag, type=parse, default=default, help=help_text,
+        parser.add_argument(flag, type=_field_parser(cls, field), default=default, help=help_text,
                             choices=field.metadata.get("choices"),
                             metavar=field.metadata.get("metavar"))
     return parser
@@ -119,10 +125,9 @@ def parse_variants(text: str) -> tuple[Variant, ...]:
 
 def with_variant(cfg, changes: dict, fixed: tuple[str, ...] = ("variants", "metrics")):
     """``cfg`` (a config with a ``variants`` field) with a variant's changes, each value typed like
-    its flag: bool true/false, numbers, and a field's own parser (its metadata ``"parse"`` or a
-    type that parses text, like a list flag's) on the value, checked against the field's
-    ``"choices"`` as argparse does. A list flag takes one value in a variant: commas separate the
-    variant's changes.
+    its flag: bool true/false, else parsed as the command line parses it (the field's metadata
+    ``"parse"`` or its type, like a list flag's), checked against the field's ``"choices"``. A
+    list flag takes one value in a variant: commas separate the variant's changes.
     ValueError with one sentence for a flag that does not exist (or is in ``fixed``: a variant
     cannot change it) or a value of the wrong type."""
     fields = {f.name: f for f in dataclasses.fields(cfg)}
@@ -132,21 +137,18 @@ def with_variant(cfg, changes: dict, fixed: tuple[str, ...] = ("variants", "metr
         if name not in fields or name in fixed:
             raise ValueError(f"--variants: no flag {flag}" + (" in a variant" if name in fields else ""))
         current = getattr(cfg, name)
-        parse = fields[name].metadata.get("parse") or _field_type(type(cfg), fields[name])
         if isinstance(current, bool):
             if text.lower() not in ("true", "false"):
                 raise ValueError(f"--variants: {flag[2:]}={text}: write true or false")
             typed[name] = text.lower() == "true"
-        elif isinstance(current, (int, float)):
+        elif isinstance(current, (int, float)) and "parse" not in fields[name].metadata:
             try:
                 typed[name] = type(current)(text)
             except ValueError:
                 raise ValueError(f"--variants: {flag[2:]}={text}: not a number") from None
-        elif isinstance(parse, type) and issubclass(parse, str) or not callable(parse):
-            typed[name] = text
-        else:
+        else:  # the flag's own parser, as on the command line (str leaves the text as it is)
             try:
-                typed[name] = parse(text)
+                typed[name] = _field_parser(type(cfg), fields[name])(text)
             except (ValueError, argparse.ArgumentTypeError) as exc:
                 raise ValueError(f"--variants: {flag[2:]}={text}: {exc}") from None
         choices = fields[name].metadata.get("choices")

@@ -11,6 +11,7 @@ the tests' own; bad variants are checked in-process, through the script's own pa
 The instruments watch step 1; ms/step is the median of the later steps, which they do not watch.
 """
 
+import argparse
 import functools
 import runpy
 from pathlib import Path
@@ -325,7 +326,7 @@ def test_variants_parse_once_and_bad_ones_are_one_line():
                          ("policy-file=p.py", "no flag --policy-file in a variant")):
         with pytest.raises(CourseError, match=needle):
             train.run_plan(parse_config(train.Config, argv=["--variants", text]))
-    with pytest.raises(Exception, match="write flag=value"):
+    with pytest.raises(argparse.ArgumentTypeError, match="write flag=value"):
         parse_variants("timeline")
 
 

@@ -274,8 +274,9 @@ def test_planned_runs_skip_combinations_that_show_nothing():
     from fsdp_course.dist import CourseError
 
     def plan(no_sync, bug, last):
-        return plumbing.combinations(SimpleNamespace(api=Apis("fsdp1"), no_sync=Switches(no_sync), accum=Counts("3"),
-                                            bug=Bugs(bug), last_batch_size=Sizes(last), batch_size=2))
+        return plumbing.combinations(SimpleNamespace(api=Apis("fsdp1"), no_sync=Switches(no_sync),
+                                                     accum=Counts("3"), bug=Bugs(bug),
+                                                     last_batch_size=Sizes(last), batch_size=2))
     assert plan("on,off", "none,no-sync-last", "0,1") == [
         ("fsdp1", (2, 2, 2), True, "none"), ("fsdp1", (2, 2, 1), True, "none"),
         ("fsdp1", (2, 2, 2), True, "no-sync-last"), ("fsdp1", (2, 2, 2), False, "none")]

@@ -312,7 +312,7 @@ def test_a_variant_types_each_value_like_its_flag():
     import argparse
     from dataclasses import dataclass, field
 
-    from fsdp_course.config import describe, names_from, with_variant
+    from fsdp_course.config import describe, int_at_least, names_from, with_variant
 
     class Wraps(tuple):
         def __new__(cls, text=()):
@@ -329,13 +329,14 @@ def test_a_variant_types_each_value_like_its_flag():
         model: str = field(default="gpt", metadata={"choices": ("gpt", "staged")})
         data: str | None = None
         steps: int = 3
+        keep: int = field(default=2, metadata={"parse": int_at_least(1)})
         timeline: bool = False
         variants: tuple | None = None
 
     variant = with_variant(Config(), {"wrap": "transformer", "parts": "b", "model": "staged",
-                                      "data": "x.txt", "steps": "5", "timeline": "true"})
+                                      "data": "x.txt", "steps": "5", "keep": "3", "timeline": "true"})
     assert variant == Config(wrap=Wraps(("transformer",)), parts=("b",), model="staged",
-                             data="x.txt", steps=5, timeline=True)
+                             data="x.txt", steps=5, keep=3, timeline=True)
     assert type(variant.wrap) is Wraps
 
     class Switches(tuple):
@@ -351,6 +352,7 @@ def test_a_variant_types_each_value_like_its_flag():
     for changes, said in [({"wrap": "blocks"}, "wrap=blocks: 'blocks': choose from none, transformer"),
                           ({"parts": "c"}, "parts=c: c: choose from a, b"),
                           ({"steps": "many"}, "steps=many: not a number"),
+                          ({"keep": "0"}, "keep=0: must be at least 1, got 0"),  # its own parser
                           ({"model": "llama"}, "model=llama: choose from gpt, staged"),
                           ({"variants": "x"}, "no flag --variants in a variant")]:
         with pytest.raises(ValueError, match=re.escape(said)):
