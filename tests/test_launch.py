@@ -8,7 +8,6 @@ import shutil
 import stat
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
