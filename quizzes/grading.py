@@ -14,6 +14,9 @@ from .bank import Question, QuizError, load_bank
 from .i18n import AnswerError, check_lang, msg
 
 
+VERDICTS = ("correct", "wrong", "unsure")
+
+
 @dataclass
 class Result:
     correct: bool
@@ -24,6 +27,18 @@ class Result:
     qid: str = ""
     attempted: bool = True
     printed: bool = field(default=False, repr=False, compare=False)
+    # "correct", "wrong" or "unsure" (an open answer the grader could not read whole: the
+    # learner compares it with the reference and marks it). Left empty, it follows `correct`;
+    # `correct` is True only for the verdict "correct".
+    verdict: str = ""
+
+    def __post_init__(self):
+        if not self.verdict:
+            self.verdict = "correct" if self.correct else "wrong"
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+        if self.correct != (self.verdict == "correct"):
+            raise ValueError(f"correct={self.correct} contradicts verdict {self.verdict!r}")
 
     @property
     def passed(self) -> bool:  # the name exercise checks read more naturally with
