@@ -107,14 +107,14 @@ def shape_from(args) -> tuple[memory.GPTShape, int]:
                   "vocab": base.vocab, "seq": base.seq}
         values.update({k: v for k, v in sizes.items() if v})
         batch = args.batch or MODEL_BATCH[args.model]
+    elif args.params:  # exactly this many parameters; the sizes given shape the assumed GPT
+        shape = memory.model_for_params(args.params, layers=sizes["layers"] or 32,
+                                        vocab=sizes["vocab"] or 32000, seq=sizes["seq"] or 2048,
+                                        heads=sizes["heads"], hidden=sizes["hidden"])
+        return shape, args.batch or 1
     elif sizes["hidden"] and sizes["layers"]:
         values = {"vocab": 32000, "seq": 2048, **{k: v for k, v in sizes.items() if v}}
         values.setdefault("heads", max(1, values["hidden"] // 128))
-        batch = args.batch or 1
-    elif args.params:
-        scaled = memory.scaled_shape(args.params, layers=sizes["layers"] or 32,
-                                     vocab=sizes["vocab"] or 32000, seq=sizes["seq"] or 2048)
-        values = {**scaled.__dict__, **{k: v for k, v in sizes.items() if v}}
         batch = args.batch or 1
     else:
         raise PlanError("say which model: --model NAME, --params N, or --layers and --hidden")
@@ -145,13 +145,31 @@ def suggestions(shape, batch: int, settings: dict, gpu_bytes: float) -> list[str
     return found
 
 
+def describe(shape) -> str:
+    """The model line: the parameter count, exact, and where the layout comes from."""
+    gpt = (f"{shape.layers} blocks, hidden {shape.hidden}, {shape.heads} heads, vocab {shape.vocab}, "
+           f"seq {shape.seq}")
+    if isinstance(shape, memory.CountedShape):
+        return (f"{shape.num_params:,} parameters ({shape.num_params / 1e9:.3f}B, as given: the state "
+                f"counts exactly these; activations and units from a GPT of {gpt})")
+    if isinstance(shape, memory.GPTShape):
+        return f"{shape.num_params:,} parameters ({shape.num_params / 1e9:.3f}B; GPT: {gpt})"
+    return f"{shape.num_params:,} parameters ({shape.num_params / 1e9:.3f}B; {shape.describe()})"
+
+
+def state_lines(state: dict, title: str) -> list[str]:
+    """Model state per rank in GB (1e9 bytes: how papers and vendors print it), GiB beside."""
+    rows = [(k, state[k]) for k in ("params", "grads", "optimizer")]
+    rows.append(("total", sum(v for _, v in rows)))
+    return [f"{title:34s}{'GB':>9}{'GiB':>9}"] + [f"  {k:32s}{v / 1e9:9.3f}{v / GIB:9.3f}" for k, v in rows]
+
+
 def report(result: dict, shape, zero: dict | None, tips: list[str]) -> str:
     r, g = result, lambda b: f"{b / GIB:10.3f}"
-    lines = [f"model: {shape.num_params / 1e9:.3f}B parameters (GPT: {shape.layers} blocks, hidden "
-             f"{shape.hidden}, {shape.heads} heads, vocab {shape.vocab}, seq {shape.seq}); "
-             f"batch {r['batch']} per rank",
+    lines = [f"model: {describe(shape)}; batch {r['batch']} per rank",
              f"run:   {r['strategy']} on {r['world_size']} ranks ({r['api']}), {r['precision']}, "
              f"{r['optimizer']}, activation checkpointing {r['activation_checkpointing']}",
+             "", *state_lines(r["categories"], "model state per rank"),
              "", "per rank, GiB                       forward   backward  optimizer"]
     names = ("params", "grads", "optimizer", "buffers", "gathered", "activations", "working")
     for name in names:
@@ -168,14 +186,10 @@ def report(result: dict, shape, zero: dict | None, tips: list[str]) -> str:
         if not r["fits"]:
             lines += ["what would fit:"] + [f"  - {t}" for t in tips or ["nothing tried fits: more ranks, a smaller batch"]]
     if zero:
-        lines += ["", f"ZeRO stage {zero['stage']} (the paper's mixed-precision Adam, K = 12), "
-                  f"N_d = {r['world_size']}, GiB per rank:",
-                  f"  params {zero['params'] / GIB:.3f}  grads {zero['grads'] / GIB:.3f}  "
-                  f"optimizer {zero['optimizer'] / GIB:.3f}  total {zero['total'] / GIB:.3f}",
-                  f"  FSDP here (sharded state): params {r['categories']['params'] / GIB:.3f}  grads "
-                  f"{r['categories']['grads'] / GIB:.3f}  optimizer {r['categories']['optimizer'] / GIB:.3f}"
-                  f"  total {(r['categories']['params'] + r['categories']['grads'] + r['categories']['optimizer']) / GIB:.3f}",
-                  "  (stage 3 ~ FULL_SHARD; stage 2 ~ SHARD_GRAD_OP, which also keeps the gathered "
+        lines += ["", *state_lines(zero, f"ZeRO stage {zero['stage']} per rank (N_d = {r['world_size']})"),
+                  "  (the paper's mixed-precision Adam, K = 12: 2 + 2 + 12 bytes per parameter; FSDP "
+                  "above: 4 + 4 + 8.",
+                  "   Stage 3 ~ FULL_SHARD; stage 2 ~ SHARD_GRAD_OP, which also keeps the gathered "
                   "parameters from forward to backward)"]
     return "\n".join(lines)
 

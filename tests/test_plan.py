@@ -3,6 +3,8 @@ against the model it describes, the CLI's output and its one-line errors. The me
 (planner vs PyTorch's trackers under torchrun) is in test_lesson7.py."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import sys
@@ -139,6 +141,36 @@ def test_scaled_shape_has_about_the_asked_parameters():
         assert memory.scaled_shape(params).num_params == pytest.approx(params, rel=0.05)
 
 
+@pytest.mark.parametrize("given", [7.5e9, 1.5e9, 7e9, 123_456_789])
+def test_a_parameter_count_is_planned_exactly(given):
+    """--params N: the state counts N parameters, not the assumed GPT's (which rounds)."""
+    shape = memory.model_for_params(given)
+    assert shape.num_params == int(given) and memory.scaled_shape(given).num_params != int(given)
+    assert sum(shape.unit_numels()) == int(given)  # what the wire bytes and classic units count
+    for n, strategy, api in [(8, "FULL_SHARD", "fsdp2"), (3, "FULL_SHARD", "fsdp2"), (8, "DDP", "fsdp2")]:
+        local = int(given) if strategy == "DDP" else math.ceil(int(given) / n)
+        assert memory.sharded_state_bytes(shape, n, strategy, api) == {
+            "params": 4 * local, "grads": 4 * local, "optimizer": 8 * local}
+        assert memory.optimizer_temp_bytes(shape, n, strategy, api, foreach=True) == 4 * local
+    classic = memory.sharded_state_bytes(shape, 8, "FULL_SHARD", "classic")
+    assert classic == model_state_bytes(shape.unit_numels(), 8, "FULL_SHARD")
+    assert 0 <= classic["params"] - 4 * int(given) / 8 < 4 * len(shape.unit_numels())  # each unit's padding
+
+
+def test_calculator_and_planner_count_the_same_model_the_same(monkeypatch, repo_root):
+    """Lesson 7's calculator starts at the planner's course-gpt-7b and plans it to the byte."""
+    monkeypatch.syspath_prepend(str(repo_root / "lessons" / "07_memory"))
+    import calculator
+
+    ours = calculator.plan_for(**calculator.DEFAULTS)
+    theirs = memory.plan(SEVEN_B, 1, 8, precision="bf16-mixed", gpu_bytes=80 * GIB)
+    assert ours["num_params"] == SEVEN_B.num_params
+    for key in ("categories", "totals", "peak", "wire_bytes", "fits"):
+        assert ours[key] == theirs[key], key
+    again = calculator.plan_for(**{**calculator.DEFAULTS, "params_b": 7.5})
+    assert again["num_params"] == 7_500_000_000 == cli_json(["--params", "7.5e9"])["num_params"]
+
+
 def test_plan_refuses_settings_that_mean_nothing():
     for kwargs, said in [({"strategy": "FOO"}, "unknown strategy"), ({"api": "x"}, "unknown api"),
                          ({"precision": "fp8"}, "unknown precision"),
@@ -177,6 +209,26 @@ def test_cli_help_and_report(run_cmd):
     assert "verdict   fits on a GPU of 80 GiB" in r.stdout and "ZeRO stage 3" in r.stdout
     r = run_cli(run_cmd, "--model", "course-gpt-7b", "--world-size", "8", "--precision", "bf16-mixed", "--gpu-gib", "16")
     assert "does NOT fit" in r.stdout and "on 32 ranks" in r.stdout
+
+
+def cli_json(args: list[str]) -> dict:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main([*args, "--json"]) == 0
+    return json.loads(out.getvalue())
+
+
+def test_cli_prints_the_given_count_and_the_state_in_gb_and_gib(run_cmd):
+    r = run_cli(run_cmd, "--params", "7.5e9", "--world-size", "8", "--zero-stage", "3")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("model: 7,500,000,000 parameters (7.500B, as given"), lines[0]
+    start = lines.index(next(line for line in lines if line.startswith("model state per rank")))
+    assert lines[start].split()[-2:] == ["GB", "GiB"]
+    state = {line.split()[0]: line.split()[1:] for line in lines[start + 1:start + 5]}
+    assert state["params"][:2] == ["3.750", f"{7.5e9 / 2 / GIB:.3f}"]  # 4 bytes x 7.5e9 / 8 ranks
+    assert state["total"][:2] == ["15.000", f"{15e9 / GIB:.3f}"]
+    assert "ZeRO stage 3 per rank (N_d = 8)" in r.stdout
 
 
 def test_cli_json_is_the_library(run_cmd):

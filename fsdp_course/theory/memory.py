@@ -92,9 +92,55 @@ class GPTShape:
     def unit_numels(self) -> list[int]:
         return [sum(math.prod(s) for s in unit) for unit in self.unit_shapes()]
 
+    def state_shapes(self) -> list[list[int]]:
+        """The tensors FSDP2 shards, each split by rows: every parameter's shape."""
+        return [list(s) for unit in self.unit_shapes() for s in unit]
+
     @property
     def num_params(self) -> int:
         return sum(self.unit_numels())
+
+
+@dataclass(frozen=True)
+class CountedShape(GPTShape):
+    """A model known by its parameter count ``count`` only (``--params``), planned as exactly
+    that many parameters: the sharded state (params, grads, optimizer) and the bytes on the
+    wire are counted from ``count``. What needs a layout (activations, the units held
+    gathered, the optimizer's per-tensor temporaries) comes from the assumed GPT of the other
+    fields (``model_for_params``), whose own count is only close to ``count``."""
+
+    count: int = 0
+
+    @property
+    def num_params(self) -> int:
+        return self.count
+
+    def unit_numels(self) -> list[int]:
+        """The assumed GPT's units scaled to ``count`` in all: one flat tensor each, so rank 0's
+        share of a unit is ``ceil(n / N)`` (the real tensors' padding is not known)."""
+        assumed = GPTShape.unit_numels(self)
+        total = sum(assumed)
+        units = [n * self.count // total for n in assumed]
+        units[-1] += self.count - sum(units)
+        return units
+
+    def state_shapes(self) -> list[list[int]]:
+        """One tensor of ``count`` elements: rank 0 holds ``ceil(count / N)`` of each state."""
+        return [[self.count]]
+
+
+def model_for_params(num_params: float, layers: int = 32, vocab: int = 32000, seq: int = 2048,
+                     heads: int | None = None, hidden: int | None = None) -> CountedShape:
+    """The planner's model when only the parameter count is given (``python -m fsdp_course.plan
+    --params``, lesson 7's calculator): exactly ``round(num_params)`` parameters, with the layout
+    of a GPT of about that size (``scaled_shape``, or the given ``hidden``)."""
+    count = int(round(num_params))
+    if count < 1:
+        raise ValueError(f"a model has at least 1 parameter, got {num_params!r}")
+    if hidden is None:
+        assumed = scaled_shape(count, layers=layers, vocab=vocab, seq=seq, heads=heads or 32)
+        hidden, heads = assumed.hidden, assumed.heads
+    return CountedShape(vocab, seq, hidden, layers, heads or max(1, hidden // 128), count)
 
 
 def scaled_shape(num_params: float, layers: int = 32, hidden: int = 4096, heads: int = 32,
@@ -229,11 +275,11 @@ def optimizer_temp_bytes(shape: GPTShape, world_size: int, strategy: str, api: s
     if api == "classic" and strategy != "DDP":
         sizes = [4 * math.ceil(n / (1 if strategy == "NO_SHARD" else world_size))
                  for n in shape.unit_numels()]
-    else:
-        n = 1 if strategy == "DDP" else world_size
-        sizes = [4 * math.prod(fsdp2_theory.local_shape(list(s), n, 0)) for s in shape.parameter_shapes()]
-    if foreach:
-        return sum(sizes)
+        return sum(sizes) if foreach else max(prev + 2 * cur for prev, cur in zip([0] + sizes, sizes))
+    n = 1 if strategy == "DDP" else world_size
+    if foreach:  # the local parameters in all (a model known by its count: exactly its share)
+        return sum(4 * math.prod(fsdp2_theory.local_shape(list(s), n, 0)) for s in shape.state_shapes())
+    sizes = [4 * math.prod(fsdp2_theory.local_shape(list(s), n, 0)) for s in shape.parameter_shapes()]
     return max(prev + 2 * cur for prev, cur in zip([0] + sizes, sizes))
 
 
@@ -254,8 +300,7 @@ def sharded_state_bytes(shape: GPTShape, world_size: int, strategy: str, api: st
         return ddp_state_bytes(shape.num_params, optim_slots=slots)
     if api == "classic":
         return model_state_bytes(shape.unit_numels(), world_size, strategy, optim_slots=slots)
-    shapes = [list(s) for unit in shape.unit_shapes() for s in unit]
-    return fsdp2_theory.state_bytes_theory(shapes, world_size, rank=0, optim_slots=slots)
+    return fsdp2_theory.state_bytes_theory(shape.state_shapes(), world_size, rank=0, optim_slots=slots)
 
 
 def _block_grad_shard_bytes(shape: GPTShape, world_size: int, strategy: str, api: str) -> int:
