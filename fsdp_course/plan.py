@@ -24,8 +24,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
-from fsdp_course.theory import memory
+from fsdp_course.theory import decoders, memory
 
 GIB = 1024 ** 3
 
@@ -73,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     model = p.add_argument_group("the model (the course's GPT)")
     model.add_argument("--model", choices=sorted(MODELS), help="one of the course's models")
+    model.add_argument("--hf-config", metavar="PATH",
+                       help="a Hugging Face config.json, or the folder holding it (model_type "
+                            f"{', '.join(decoders.FAMILIES)}): the exact parameter count from its "
+                            "sizes; --seq and --batch apply, the other sizes come from the config"),
     model.add_argument("--params", type=_positive(float), help="parameter count, e.g. 7e9")
     model.add_argument("--layers", type=_positive(int), help="transformer blocks")
     model.add_argument("--hidden", type=_positive(int), help="model width")
@@ -96,9 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def shape_from(args) -> tuple[memory.GPTShape, int]:
-    """The model's shape and the batch per rank, from --model, the sizes, or --params."""
+def shape_from(args) -> tuple[memory.GPTShape, int, list[str]]:
+    """The model's shape, the batch per rank, and notes on the plan's assumptions, from
+    --hf-config, --model, --params, or the sizes."""
     sizes = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "vocab", "seq")}
+    if args.hf_config:
+        given = [f"--{k}" for k in ("model", "params", "layers", "hidden", "heads", "vocab") if getattr(args, k)]
+        if given:
+            raise PlanError(f"--hf-config gives the model's sizes: drop {', '.join(given)}")
+        shape, cfg = read_hf_config(args.hf_config, args.seq)
+        return shape, args.batch or 1, [n for n in [decoders.dropout_note(cfg)] if n]
     if args.model:
         if args.params:
             raise PlanError("give --model or --params, not both")
@@ -111,7 +123,7 @@ def shape_from(args) -> tuple[memory.GPTShape, int]:
         shape = memory.model_for_params(args.params, layers=sizes["layers"] or 32,
                                         vocab=sizes["vocab"] or 32000, seq=sizes["seq"] or 2048,
                                         heads=sizes["heads"], hidden=sizes["hidden"])
-        return shape, args.batch or 1
+        return shape, args.batch or 1, []
     elif sizes["hidden"] and sizes["layers"]:
         values = {"vocab": 32000, "seq": 2048, **{k: v for k, v in sizes.items() if v}}
         values.setdefault("heads", max(1, values["hidden"] // 128))
@@ -119,7 +131,24 @@ def shape_from(args) -> tuple[memory.GPTShape, int]:
     else:
         raise PlanError("say which model: --model NAME, --params N, or --layers and --hidden")
     shape = memory.GPTShape(values["vocab"], values["seq"], values["hidden"], values["layers"], values["heads"])
-    return shape, batch
+    return shape, batch, []
+
+
+def read_hf_config(path: str, seq: int | None = None) -> tuple[decoders.DecoderShape, dict]:
+    """The model a config.json describes, and the config itself (read with json only)."""
+    file = Path(path)
+    if file.is_dir():
+        file = file / "config.json"
+    if not file.is_file():
+        raise PlanError(f"--hf-config {path}: no config.json there")
+    try:
+        cfg = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PlanError(f"--hf-config {file}: not a JSON file ({exc})") from None
+    try:
+        return decoders.from_hf_config(cfg, seq), cfg
+    except decoders.ConfigError as exc:
+        raise PlanError(f"--hf-config {file}: {exc}") from None
 
 
 def suggestions(shape, batch: int, settings: dict, gpu_bytes: float) -> list[str]:
@@ -197,7 +226,7 @@ def report(result: dict, shape, zero: dict | None, tips: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        shape, batch = shape_from(args)
+        shape, batch, notes = shape_from(args)
         settings = {"world_size": args.world_size, "strategy": args.strategy, "api": args.api,
                     "precision": args.precision, "optimizer": args.optimizer,
                     "ac": args.activation_checkpointing, "foreach": not args.no_foreach}
@@ -213,9 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     tips = suggestions(shape, batch, settings, gpu_bytes) if gpu_bytes and not result["fits"] else []
     if args.json:
         result["suggestions"] = tips
+        result["notes"] = notes
         print(json.dumps(result))
     else:
-        print(report(result, shape, zero, tips))
+        print("\n".join([report(result, shape, zero, tips), *notes]))
     return 0
 
 

@@ -175,6 +175,8 @@ def block_activation_bytes(shape: GPTShape, batch: int, e: int) -> int:
       + 4 b a s      attention's log-sum-exp (fp32): no s x s matrix is kept
       + s^2 e        the causal mask, as the additive float mask attention builds from it
     """
+    if hasattr(shape, "block_activation_bytes"):  # another model's own formula (theory.decoders)
+        return shape.block_activation_bytes(batch, e)
     b, s, h = batch, shape.seq, shape.hidden
     return 16 * b * s * h * e + 4 * b * s * e + 4 * b * shape.heads * s + s * s * e
 
@@ -182,6 +184,8 @@ def block_activation_bytes(shape: GPTShape, batch: int, e: int) -> int:
 def checkpointed_block_bytes(shape: GPTShape, batch: int, e: int) -> int:
     """A checkpointed block keeps only its input, ``b s h e``; the rest is computed again in
     backward (one more forward of the block per step)."""
+    if hasattr(shape, "checkpointed_block_bytes"):
+        return shape.checkpointed_block_bytes(batch, e)
     return batch * shape.seq * shape.hidden * e
 
 
@@ -189,6 +193,8 @@ def root_activation_bytes(shape: GPTShape, batch: int, e: int) -> int:
     """What the layers outside the blocks save: the final LayerNorm's input and output
     (2 b s h e) and statistics (2 b s e), the positions (8 s), and the loss's log-softmax
     (4 b s V: ``lm_loss`` computes it in fp32) with its int64 targets (8 b s)."""
+    if hasattr(shape, "root_activation_bytes"):
+        return shape.root_activation_bytes(batch, e)
     b, s = batch, shape.seq
     return 2 * b * s * shape.hidden * e + 2 * b * s * e + 8 * s + 4 * b * s * shape.vocab + 8 * b * s
 
@@ -229,6 +235,8 @@ def working_bytes(shape: GPTShape, batch: int, e: int) -> int:
       + root gradient    the head's and final norm's unsharded gradients (e bytes each), held
                          until the root's gradients are reduced at the very end of backward
     """
+    if hasattr(shape, "working_bytes"):
+        return shape.working_bytes(batch, e)
     root_grad = e * sum(math.prod(s) for s in shape.root_shapes()[2:])
     return 6 * batch * shape.seq * shape.hidden * e + root_grad
 
@@ -252,9 +260,10 @@ def backward_bytes(shape: GPTShape, batch: int, e: int, checkpointed: list[int],
     full = block_activation_bytes(shape, batch, e)
     kept = checkpointed_block_bytes(shape, batch, e)
     best, best_i, prefix = None, 0, 0
+    root = shape.backward_root_bytes(batch, e) if hasattr(shape, "backward_root_bytes") else 8 * shape.seq
     for i in range(shape.layers):
         done = (shape.layers - 1 - i) * grad_shard + (grad_buffer if i < shape.layers - 1 else 0)
-        alive = {"activations": prefix + full + 8 * shape.seq, "grads": done}
+        alive = {"activations": prefix + full + root, "grads": done}
         if best is None or sum(alive.values()) > sum(best.values()):
             best, best_i = alive, i
         prefix += kept if i in checkpointed else full
@@ -286,6 +295,8 @@ def optimizer_temp_bytes(shape: GPTShape, world_size: int, strategy: str, api: s
 def loss_transient_bytes(shape: GPTShape, batch: int, e: int) -> int:
     """Inside ``lm_loss`` at the end of forward: the logits (b s V e) and, with bf16, their
     fp32 copy (4 b s V), both alive while the log-softmax is computed."""
+    if hasattr(shape, "loss_transient_bytes"):
+        return shape.loss_transient_bytes(batch, e)
     logits = batch * shape.seq * shape.vocab
     return logits * e + (4 * logits if e < 4 else 0)
 
@@ -420,7 +431,7 @@ def check(shape: GPTShape, batch: int, world_size: int, strategy: str, api: str,
                         ("world size", world_size)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
-    if shape.hidden % shape.heads:
+    if isinstance(shape, GPTShape) and shape.hidden % shape.heads:
         raise ValueError(f"hidden {shape.hidden} must be a multiple of heads {shape.heads}")
     for name, value, choices in (("strategy", strategy, STRATEGIES), ("api", api, APIS),
                                  ("precision", precision, tuple(PRECISIONS)),
