@@ -2,21 +2,32 @@
 
     python -m fsdp_course.plan --params 7e9 --world-size 8 --strategy FULL_SHARD \\
         --precision bf16-mixed --optimizer adamw --gpu-gib 80
+    python -m fsdp_course.plan --hf-config lessons/09_your_model/configs/llama3-8b.json \\
+        --world-size 8 --precision bf16-mixed --seq 4096 --gpu-gib 80
     python -m fsdp_course.plan --model course-gpt-7b --world-size 8 --precision bf16-mixed \\
         --activation-checkpointing full --gpu-gib 40
     python -m fsdp_course.plan --model course-gpt-default --world-size 2 --json
     python -m fsdp_course.plan --params 7e9 --world-size 8 --zero-stage 3
 
-Prints the bytes per rank by category (sharded parameters, gradients, optimizer state,
-gathered parameters, activations), the three moments of a step (end of forward, backward,
-optimizer step), the peak, an allowance for what the model leaves out, and whether it fits on
-a GPU of ``--gpu-gib``; if not, the smallest world size and the settings that would fit. The
-formulas, with their derivations, are in ``fsdp_course/theory/memory.py``; lesson 7 checks
-them against measured runs.
+Prints the model state per rank (sharded parameters, gradients, optimizer state) in GB (1e9
+bytes, as papers and vendors print it) with GiB beside, then every category per rank in GiB
+(gathered parameters, activations, ...) at the three moments of a step (end of forward,
+backward, optimizer step), the peak, an allowance for what the model leaves out, and whether
+it fits on a GPU of ``--gpu-gib``; if not, the smallest world size and the settings that would
+fit. The formulas, with their derivations, are in ``fsdp_course/theory/memory.py``; lesson 7
+checks them against measured runs.
 
-The model is the course's GPT: give its sizes (``--layers --hidden --heads --vocab --seq``),
-one of the course's named models (``--model``), or only ``--params`` (a 32-block GPT of that
-size is assumed). Bad input: one line and exit code 2.
+The model, one of:
+  --hf-config PATH  a Hugging Face config.json (or its folder): llama, mistral, qwen2, gpt2.
+                    Every parameter's shape from the config, so the count is exact (the tests
+                    check it against transformers); activations as those models save them
+                    (fsdp_course/theory/decoders.py). fully_shard per decoder layer, then the
+                    root. --seq (default: the model's maximum, at most 2048) and --batch apply.
+  --model NAME      one of the course's GPTs.
+  --layers --hidden the course's GPT at these sizes (--heads --vocab --seq optional).
+  --params N        exactly N parameters: the model state counts N; activations and units come
+                    from a 32-block GPT of about that size (its width printed).
+Bad input (a flag, a config field the planner cannot read): one line and exit code 2.
 """
 
 from __future__ import annotations
@@ -72,13 +83,14 @@ def _positive(kind):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m fsdp_course.plan", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    model = p.add_argument_group("the model (the course's GPT)")
+    model = p.add_argument_group("the model (one of --hf-config, --model, --params, --layers and --hidden)")
     model.add_argument("--model", choices=sorted(MODELS), help="one of the course's models")
     model.add_argument("--hf-config", metavar="PATH",
                        help="a Hugging Face config.json, or the folder holding it (model_type "
                             f"{', '.join(decoders.FAMILIES)}): the exact parameter count from its "
                             "sizes; --seq and --batch apply, the other sizes come from the config"),
-    model.add_argument("--params", type=_positive(float), help="parameter count, e.g. 7e9")
+    model.add_argument("--params", type=_positive(float),
+                       help="parameter count, e.g. 7.5e9: the state counts exactly this many")
     model.add_argument("--layers", type=_positive(int), help="transformer blocks")
     model.add_argument("--hidden", type=_positive(int), help="model width")
     model.add_argument("--heads", type=_positive(int), help="attention heads (default: hidden / 128)")

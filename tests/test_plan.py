@@ -7,6 +7,8 @@ import contextlib
 import io
 import json
 import math
+import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -203,7 +205,7 @@ def test_cli_help_and_report(run_cmd):
     assert r.returncode == 0
     for flag in ("--params", "--world-size", "--strategy", "--precision", "--optimizer", "--layers",
                  "--hidden", "--seq", "--batch", "--activation-checkpointing", "--gpu-gib", "--model",
-                 "--zero-stage", "--json"):
+                 "--zero-stage", "--json", "--hf-config"):
         assert flag in r.stdout
     r = run_cli(run_cmd, "--params", "7e9", "--world-size", "8", "--strategy", "FULL_SHARD",
                 "--precision", "bf16-mixed", "--optimizer", "adamw", "--gpu-gib", "80", "--zero-stage", "3")
@@ -393,3 +395,16 @@ def test_cli_hf_config_refuses_what_it_cannot_open(capsys, tmp_path):
         assert cli.main(["--hf-config", *args]) == 2
         out, err = capsys.readouterr()
         assert out == "" and len(err.strip().splitlines()) == 1 and said in err, err
+
+
+def test_the_commands_readme_and_help_show_run(capsys, monkeypatch):
+    """Every planner command in README.md and in --help's examples plans (exit 0)."""
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(repo)  # the commands name files from the repository's root
+    text = (repo / "README.md").read_text() + cli.__doc__.replace("\\\\", "\\")
+    commands = re.findall(r"python -m fsdp_course\.plan ((?:[^\n#]|\\\n)+)", text.replace("\\\n", " "))
+    commands = [c for c in commands if c.strip().startswith("--") and "--help" not in c]
+    assert len(commands) >= 8, commands
+    for command in commands:
+        assert cli.main(shlex.split(command)) == 0, command
+        capsys.readouterr()
