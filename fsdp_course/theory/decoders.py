@@ -173,8 +173,8 @@ class DecoderShape:
         """Backward's working set within a layer, as the GPT's (``memory.working_bytes``): the
         gradient arriving and the residual branch's (2 b s h e), the MLP's widest gradients
         (gated: the product's and its two factors', 3 b s I e; gpt2: 1 b s I e), and the
-        root's unsharded gradients (final norm, untied head). Not checked against a
-        measurement yet."""
+        root's unsharded gradients (final norm, untied head). The plan's peak as a whole is
+        checked against FSDPMemTracker on a real step in tests/test_plan.py."""
         bs = batch * self.seq
         wide = 1 if self.family == "gpt2" else 3
         _, after = self._root_parts()
