@@ -464,3 +464,11 @@ def test_hf_plan_against_fsdp2_memory_tracker(run_cmd, repo_root):
         got = measured[f"{path} {precision}"]
         assert plan["categories"]["activations"] == pytest.approx(got["activations"], rel=0.01), path
         assert plan["peak"] == pytest.approx(got["peak"], rel=0.10), (path, precision, plan["peak"], got)
+
+
+def test_cli_unknown_family_as_a_command(run_cmd, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({**SMALL_LLAMA, "model_type": "falcon"}))
+    r = run_cli(run_cmd, "--hf-config", str(tmp_path))
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == (f"python -m fsdp_course.plan: error: --hf-config {tmp_path / 'config.json'}: cannot read "
+                        "'model_type' 'falcon': the planner knows llama, mistral, qwen2, gpt2\n")

@@ -5,6 +5,11 @@ Sizes are in bytes, per rank. The model is the course's GPT (``fsdp_course.model
 ranks; ``P`` parameters. ``e`` is the compute element size: 4 (fp32) or 2 (bf16 mixed
 precision, where the sharded master weights, their gradients and Adam stay fp32).
 
+The model is any object with the shape interface of ``GPTShape`` (its parameters' shapes, its
+sharding units, its sizes): the course's GPT itself, ``CountedShape`` (a bare parameter count,
+``--params``: the state counts exactly that many), or a Hugging Face decoder read from its
+config.json (``theory.decoders.DecoderShape``, which brings its own activation formulas).
+
 What a rank holds, by category:
 
     params, grads, optimizer   the sharded model state: lesson 1's ``model_state_bytes``
