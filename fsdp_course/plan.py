@@ -122,7 +122,7 @@ def shape_from(args) -> tuple[memory.GPTShape, int, list[str]]:
         if given:
             raise PlanError(f"--hf-config gives the model's sizes: drop {', '.join(given)}")
         shape, cfg = read_hf_config(args.hf_config, args.seq)
-        return shape, args.batch or 1, [n for n in [decoders.dropout_note(cfg)] if n]
+        return shape, args.batch or 1, decoders.notes(cfg, shape)
     if args.model:
         if args.params:
             raise PlanError("give --model or --params, not both")

@@ -365,6 +365,18 @@ def test_cli_hf_config_reads_a_file_or_its_folder(run_cmd, tmp_path):
         assert "does NOT fit on a GPU of 24 GiB" in r.stdout and "what would fit:" in r.stdout
     gpt2 = run_cli(run_cmd, "--hf-config", str(next(p for p in SAMPLES if p.stem == "gpt2")))
     assert "124,439,808 parameters" in gpt2.stdout and "note: activations assume dropout off" in gpt2.stdout
+    assert "note:" not in r.stdout  # the Llama-3 config: no dropout, no sliding window
+
+
+def test_hf_notes_say_what_the_plan_assumes():
+    mistral = {**HF_CONFIGS["mistral"], "sliding_window": 1024}
+    assert decoders.notes(mistral, decoders.from_hf_config(mistral, seq=1024)) == []
+    said = decoders.notes(mistral, decoders.from_hf_config(mistral, seq=4096))
+    assert len(said) == 1 and "sliding window (1024) is shorter than seq 4096" in said[0]
+    assert "window (4096)" in decoders.notes(HF_CONFIGS["mistral"], decoders.from_hf_config(HF_CONFIGS["mistral"], seq=8192))[0]
+    assert decoders.notes(HF_CONFIGS["gpt2-tiny"], decoders.from_hf_config(HF_CONFIGS["gpt2-tiny"])) == []
+    gpt2 = {k: v for k, v in HF_CONFIGS["gpt2-tiny"].items() if not k.endswith("pdrop")}
+    assert "gpt2's defaults" in decoders.notes(gpt2, decoders.from_hf_config(gpt2))[0]
 
 
 @pytest.mark.parametrize("cfg,said", [

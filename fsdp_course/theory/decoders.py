@@ -275,6 +275,18 @@ def from_hf_config(cfg: dict, seq: int | None = None) -> DecoderShape:
     return DecoderShape(family=family, seq=seq, activation=activation, **values)
 
 
+def notes(cfg: dict, shape: DecoderShape) -> list[str]:
+    """What the plan assumes that this config contradicts, one sentence each: dropout, and a
+    sliding window shorter than the sequence (attention then needs a mask)."""
+    found = [n for n in [dropout_note(cfg)] if n]
+    # transformers' default window is 4096 (MistralConfig; Qwen2Config with use_sliding_window)
+    window = cfg.get("sliding_window", 4096) if (shape.family == "mistral" or cfg.get("use_sliding_window")) else None
+    if isinstance(window, int) and window < shape.seq:
+        found.append(f"note: activations assume causal attention without a mask; this config's sliding "
+                     f"window ({window}) is shorter than seq {shape.seq}, so attention gets a mask")
+    return found
+
+
 def dropout_note(cfg: dict) -> str | None:
     """The activations assume no dropout (large-model training turns it off); a config with
     dropout gets this sentence."""
