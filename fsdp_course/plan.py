@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--hf-config", metavar="PATH",
                        help="a Hugging Face config.json, or the folder holding it (model_type "
                             f"{', '.join(decoders.FAMILIES)}): the exact parameter count from its "
-                            "sizes; --seq and --batch apply, the other sizes come from the config"),
+                            "sizes; --seq and --batch apply, the other sizes come from the config")
     model.add_argument("--params", type=_positive(float),
                        help="parameter count, e.g. 7.5e9: the state counts exactly this many")
     model.add_argument("--layers", type=_positive(int), help="transformer blocks")
