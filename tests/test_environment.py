@@ -47,12 +47,26 @@ def test_pyproject_basics():
     assert SpecifierSet(project["requires-python"]) == SpecifierSet(">=3.10")
     names = set(by_name(project["dependencies"]))
     for needed in ["torch", "jupyterlab", "ipykernel", "ipywidgets", "nbclient", "nbformat",
-                   "pytest", "matplotlib"]:
+                   "matplotlib"]:
         assert needed in names
     pytest_cfg = pyproject()["tool"]["pytest"]["ini_options"]
     assert pytest_cfg["testpaths"] == ["tests"]  # tests/test_notebooks.py runs the notebooks
     assert "-ra" in pytest_cfg["addopts"]
     assert {m.split(":")[0] for m in pytest_cfg["markers"]} >= {"slow", "browser"}
+
+
+def test_test_tools_are_an_extra_not_course_dependencies():
+    """What only the tests and the repository's tools use is the `test` extra; the course itself
+    (`pip install -e .`) does not pull it."""
+    project = pyproject()["project"]
+    runtime = set(by_name(project["dependencies"]))
+    extra = by_name(project["optional-dependencies"]["test"])
+    tools = {"pytest", "pytest-xdist", "playwright", "nbval", "ruff", "pre-commit"}
+    assert tools <= extra.keys()
+    assert not tools & runtime, f"test tools among the course's dependencies: {tools & runtime}"
+    assert str(extra["ruff"]).startswith("=="), "ruff is pinned exactly (its output changes by version)"
+    setup = (REPO_ROOT / "launch" / "setup.sh").read_text()
+    assert 'install -e "$ROOT[test]"' in setup, "launch/setup.sh installs the course with its test extra"
 
 
 def test_environment_matches_pyproject():
@@ -67,7 +81,8 @@ def test_environment_matches_pyproject():
     editable = [line for line in pip_list if line.startswith("-e")]
     assert editable == ["-e ."], "environment.yml installs the course itself with '-e .'"
     in_conda = by_name([line for line in pip_list if not line.startswith("-")])
-    in_pyproject = by_name(pyproject()["project"]["dependencies"])
+    project = pyproject()["project"]
+    in_pyproject = by_name(project["dependencies"] + project["optional-dependencies"]["test"])
     assert in_conda.keys() == in_pyproject.keys(), (
         f"only in environment.yml: {sorted(in_conda.keys() - in_pyproject.keys())}; "
         f"only in pyproject.toml: {sorted(in_pyproject.keys() - in_conda.keys())}"
