@@ -18,7 +18,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def lesson_notebooks() -> list[Path]:
-    return sorted(p for p in (REPO / "lessons").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+    return sorted(
+        p for p in (REPO / "lessons").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts
+    )
 
 
 def dirty_cells(nb: dict) -> list[int]:
@@ -57,13 +59,19 @@ def main(argv: list[str] | None = None) -> int:
         if not cells:
             continue
         if args.check:
-            print(f"{path}: outputs or execution counts in code cells {cells} "
-                  f"(clear them: python launch/notebooks.py --strip {path})", file=sys.stderr)
+            print(
+                f"{path}: outputs or execution counts in code cells {cells} "
+                f"(clear them: python launch/notebooks.py --strip {path})",
+                file=sys.stderr,
+            )
             failed = True
         else:
             strip(nb)
             # nbformat's own layout: one-space indent, a final newline, non-ASCII kept
-            path.write_text(json.dumps(nb, indent=1, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
+            path.write_text(
+                json.dumps(nb, indent=1, ensure_ascii=False, sort_keys=True) + "\n",
+                encoding="utf-8",
+            )
             print(f"{path}: cleared {len(cells)} code cells")
     return 1 if failed else 0
 

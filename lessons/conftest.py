@@ -23,9 +23,16 @@ PROGRESS_ENV = "FSDP_COURSE_PROGRESS"  # quizzes/progress.py reads it
 def pytest_configure(config):
     if not (config.getoption("nbval", False) or config.getoption("nbval_lax", False)):
         return
-    saved = {name: os.environ.get(name) for name in
-             ("PYTHONPATH", "OMP_NUM_THREADS", PROGRESS_ENV, "COURSE_RUN_CACHE",
-              "COURSE_LAUNCH_LOG")}
+    saved = {
+        name: os.environ.get(name)
+        for name in (
+            "PYTHONPATH",
+            "OMP_NUM_THREADS",
+            PROGRESS_ENV,
+            "COURSE_RUN_CACHE",
+            "COURSE_LAUNCH_LOG",
+        )
+    }
     folder = tempfile.mkdtemp(prefix="fsdp-course-nbval-")
     path = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), path]))

@@ -65,8 +65,14 @@ def test_the_repository_settings_are_the_ones_ruff_uses():
 
 
 def notebook(outputs: bool) -> dict:
-    cell = {"cell_type": "code", "id": "a1", "metadata": {}, "source": ["print(1)\n"],
-            "outputs": [], "execution_count": None}
+    cell = {
+        "cell_type": "code",
+        "id": "a1",
+        "metadata": {},
+        "source": ["print(1)\n"],
+        "outputs": [],
+        "execution_count": None,
+    }
     if outputs:
         cell["outputs"] = [{"name": "stdout", "output_type": "stream", "text": ["1\n"]}]
         cell["execution_count"] = 3
@@ -106,7 +112,8 @@ def test_pre_commit_hooks_are_local():
     assert hooks["ruff-format"]["entry"].startswith("bash launch/lint.sh ruff format")
     assert "launch/notebooks.py --check" in hooks["notebooks-without-outputs"]["entry"]
     extra = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"]["test"]
+        "optional-dependencies"
+    ]["test"]
     assert any(req.startswith("ruff==") for req in extra), extra
 
 
