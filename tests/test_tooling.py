@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import sys
 
 import pytest
@@ -128,3 +129,40 @@ def test_lint_script_refuses_unknown_flags():
     r = run_cmd(["bash", REPO_ROOT / "launch" / "lint.sh", "--fix-everything"])
     assert r.returncode == 2
     assert r.stderr.strip() == "lint.sh: unknown argument '--fix-everything' (try --help)"
+
+
+@needs_ruff
+def test_lint_fix_keeps_the_reason_of_an_unused_noqa(tmp_path):
+    """`bash launch/lint.sh` on a copy: a `# noqa` that suppresses nothing goes and its reason
+    stays a comment; one that is needed stays; an unused import is reported, not deleted."""
+    (tmp_path / "launch").mkdir()
+    for name in ("lint.sh", "_common.sh"):
+        shutil.copy(REPO_ROOT / "launch" / name, tmp_path / "launch" / name)
+    shutil.copy(REPO_ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    source = (
+        "import json  # noqa: F401 - registers nothing, kept on purpose\n"
+        "import os\n"
+        "\n"
+        "\n"
+        "def f():\n"
+        "    try:\n"
+        "        return 1\n"
+        "    except Exception:  # noqa: BLE001 - one line, not a traceback\n"
+        "        return 2  # noqa: E501\n"
+    )
+    (tmp_path / "sample.py").write_text(source)
+    r = run_cmd(["bash", tmp_path / "launch" / "lint.sh"], cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr  # the unused `import os` is left to a person
+    assert "sample.py: 2 unused noqa removed" in r.stdout
+    assert "F401" in r.stdout
+    assert (tmp_path / "sample.py").read_text() == (
+        "import json  # noqa: F401 - registers nothing, kept on purpose\n"
+        "import os\n"
+        "\n"
+        "\n"
+        "def f():\n"
+        "    try:\n"
+        "        return 1\n"
+        "    except Exception:  # one line, not a traceback\n"
+        "        return 2\n"
+    )
