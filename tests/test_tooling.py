@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -166,3 +168,72 @@ def test_lint_fix_keeps_the_reason_of_an_unused_noqa(tmp_path):
         "    except Exception:  # one line, not a traceback\n"
         "        return 2\n"
     )
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("nbval") is None,
+    reason="nbval is not installed (it comes with the test extra: pip install -e '.[test]')",
+)
+def test_nbval_collects_every_lesson_notebook_and_nothing_else():
+    r = run_cmd(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--nbval-lax",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "lessons/",
+        ]
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    items = [line for line in r.stdout.splitlines() if "::" in line]
+    collected = {line.split("::")[0] for line in items}
+    notebooks = {
+        str(p.relative_to(REPO_ROOT))
+        for p in (REPO_ROOT / "lessons").rglob("*.ipynb")
+        if ".ipynb_checkpoints" not in p.parts
+    }
+    assert collected == notebooks
+    assert all("::Cell " in line for line in items)
+
+
+def test_nbval_kernels_get_the_suites_environment(monkeypatch):
+    """lessons/conftest.py: with --nbval(-lax) the kernels find this repository first, use one
+    OpenMP thread and a private progress file; afterwards everything is as before. Without
+    nbval it changes nothing."""
+    spec = importlib.util.spec_from_file_location(
+        "lessons_conftest", REPO_ROOT / "lessons" / "conftest.py"
+    )
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+
+    class Config:
+        def __init__(self, nbval: bool):
+            self.nbval = nbval
+
+        def getoption(self, name, default=None):
+            return self.nbval and name == "nbval_lax"
+
+    names = ("OMP_NUM_THREADS", conftest.PROGRESS_ENV, "COURSE_RUN_CACHE", "COURSE_LAUNCH_LOG")
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+
+    plain = Config(nbval=False)
+    conftest.pytest_configure(plain)
+    assert os.environ["PYTHONPATH"] == "/elsewhere"
+    assert not any(name in os.environ for name in names)
+
+    config = Config(nbval=True)
+    conftest.pytest_configure(config)
+    assert os.environ["PYTHONPATH"].split(os.pathsep) == [str(REPO_ROOT), "/elsewhere"]
+    assert os.environ["OMP_NUM_THREADS"] == "1"
+    folder = Path(os.environ["COURSE_RUN_CACHE"]).parent
+    assert folder.is_dir() and Path(os.environ[conftest.PROGRESS_ENV]).parent == folder
+    conftest.pytest_unconfigure(config)
+    assert not folder.exists()
+    assert os.environ["PYTHONPATH"] == "/elsewhere"
+    assert not any(name in os.environ for name in names)
