@@ -1,8 +1,9 @@
 """The repository is clean under its own ruff settings (pyproject.toml), and the tools that keep
-it so work: launch/lint.sh, launch/notebooks.py, the pre-commit hooks."""
+it so work: launch/lint.sh, launch/notebooks.py, the pre-commit hooks, nbval on the lessons."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -26,6 +27,28 @@ needs_ruff = pytest.mark.skipif(
 )
 
 
+def pinned_ruff() -> str:
+    extra = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]["test"]
+    return next(req for req in extra if req.startswith("ruff==")).split("==")[1]
+
+
+def installed_ruff() -> str | None:
+    try:
+        return importlib.metadata.version("ruff")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+# Another ruff version flags and formats differently: the cleanliness checks need the pinned one.
+needs_pinned_ruff = pytest.mark.skipif(
+    installed_ruff() not in (None, pinned_ruff()),
+    reason=f"ruff {installed_ruff()} is installed, pyproject.toml pins {pinned_ruff()} "
+    "(pip install -e '.[test]')",
+)
+
+
 def ruff(*args):
     return run_cmd([sys.executable, "-m", "ruff", *args], timeout=120)
 
@@ -37,6 +60,7 @@ def head(text: str, lines: int = 60) -> str:
 
 
 @needs_ruff
+@needs_pinned_ruff
 def test_ruff_check_is_clean():
     r = ruff("check", "--output-format", "concise", ".")
     assert r.returncode == 0, (
@@ -46,6 +70,7 @@ def test_ruff_check_is_clean():
 
 
 @needs_ruff
+@needs_pinned_ruff
 def test_ruff_format_is_clean():
     r = ruff("format", "--check", "--output-format", "concise", ".")
     assert r.returncode == 0, (
