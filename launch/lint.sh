@@ -6,9 +6,11 @@
 #   bash launch/lint.sh ruff ARGS    # just `ruff ARGS` with the course's Python (the pre-commit
 #                                    # hooks in .pre-commit-config.yaml call this)
 #
-# What is left after a fix run needs a person: long strings and comments (E501; the formatter
-# never splits a string), unused imports (F401: delete, or `# noqa: F401` when the import
-# registers something), ambiguous names (E741), bugbear findings (B...).
+# A fix run: unused `# noqa` comments go (a reason they give stays as a comment), `ruff check
+# --fix`, `ruff format`, then it names the docstrings whose example the formatter re-indented
+# and lists what needs a person: long strings and comments (E501; the formatter never splits
+# a string), unused imports (F401: delete, or `# noqa: F401` when the import registers
+# something), ambiguous names (E741), bugbear findings (B...).
 # The Python: $PYTHON, else the active virtual environment's, else .venv's, else python3; ruff
 # comes with the test extra (pip install -e '.[test]', which launch/setup.sh does).
 set -euo pipefail
@@ -86,6 +88,50 @@ for path, places in unused.items():
     print(f"lint.sh: {path}: {done} unused noqa removed (a reason they gave is kept)")
 PY
 "$PY" -m ruff check --fix --exit-zero --quiet .
+# The formatter re-indents a docstring whose lines after the first are all indented deeper
+# (an example under a one-line summary): its example then loses its indent. Those are listed
+# for a person to fix (a plain text line after the example keeps the indent).
+docstrings() {
+    "$PY" - "$1" <<'PY'
+import ast
+import json
+import subprocess
+import sys
+
+found = {}
+listed = subprocess.run(["git", "ls-files", "*.py"], capture_output=True, text=True)
+files = listed.stdout.split()  # none outside a git checkout
+for path in files:
+    try:
+        tree = ast.parse(open(path, encoding="utf-8").read())
+    except (OSError, SyntaxError):
+        continue
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                lines = [line.rstrip() for line in doc.rstrip().splitlines()]
+                name = f"{path}: {getattr(node, 'name', 'module docstring')}"
+                while name in found:  # a second method of the same name in the file
+                    name += "'"
+                found[name] = lines
+with open(sys.argv[1], "w") as f:
+    json.dump(found, f)
+PY
+}
+before=$(mktemp) after=$(mktemp)
+docstrings "$before"
 "$PY" -m ruff format --quiet .
+docstrings "$after"
+"$PY" - "$before" "$after" <<'PY'
+import json
+import sys
+
+before, after = (json.load(open(path)) for path in sys.argv[1:])
+for name, lines in after.items():
+    if name in before and before[name] != lines:
+        print(f"lint.sh: {name}: the formatter re-indented this docstring; check its example")
+PY
+rm -f "$before" "$after"
 # the count per rule of what is left; exit status 1 while anything is
 "$PY" -m ruff check --statistics .

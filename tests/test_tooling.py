@@ -159,9 +159,10 @@ def test_lint_script_refuses_unknown_flags():
 
 
 @needs_ruff
-def test_lint_fix_keeps_the_reason_of_an_unused_noqa(tmp_path):
+def test_lint_fix_keeps_reasons_and_names_what_needs_a_person(tmp_path):
     """`bash launch/lint.sh` on a copy: a `# noqa` that suppresses nothing goes and its reason
-    stays a comment; one that is needed stays; an unused import is reported, not deleted."""
+    stays a comment; one that is needed stays; an unused import is reported, not deleted; a
+    docstring whose example the formatter re-indents is named."""
     (tmp_path / "launch").mkdir()
     for name in ("lint.sh", "_common.sh"):
         shutil.copy(REPO_ROOT / "launch" / name, tmp_path / "launch" / name)
@@ -176,11 +177,21 @@ def test_lint_fix_keeps_the_reason_of_an_unused_noqa(tmp_path):
         "        return 1\n"
         "    except Exception:  # noqa: BLE001 - one line, not a traceback\n"
         "        return 2  # noqa: E501\n"
+        "\n"
+        "\n"
+        "def g():\n"
+        '    """Say hello:\n'
+        "\n"
+        "        g()\n"
+        '    """\n'
     )
     (tmp_path / "sample.py").write_text(source)
+    assert run_cmd(["git", "init", "-q"], cwd=tmp_path).returncode == 0
+    assert run_cmd(["git", "add", "sample.py"], cwd=tmp_path).returncode == 0
     r = run_cmd(["bash", tmp_path / "launch" / "lint.sh"], cwd=tmp_path)
     assert r.returncode == 1, r.stdout + r.stderr  # the unused `import os` is left to a person
     assert "sample.py: 2 unused noqa removed" in r.stdout
+    assert "sample.py: g: the formatter re-indented this docstring" in r.stdout
     assert "F401" in r.stdout
     assert (tmp_path / "sample.py").read_text() == (
         "import json  # noqa: F401 - registers nothing, kept on purpose\n"
@@ -192,6 +203,13 @@ def test_lint_fix_keeps_the_reason_of_an_unused_noqa(tmp_path):
         "        return 1\n"
         "    except Exception:  # one line, not a traceback\n"
         "        return 2\n"
+        "\n"
+        "\n"
+        "def g():\n"
+        '    """Say hello:\n'
+        "\n"
+        "    g()\n"
+        '    """\n'
     )
 
 
