@@ -53,19 +53,28 @@ def build_parser(cls, doc: str | None = None) -> argparse.ArgumentParser:
     for field in dataclasses.fields(cls):
         flag = "--" + field.name.replace("_", "-")
         help_text = field.metadata.get("help", " ")
-        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        default = (
+            field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        )
         if _field_type(cls, field) is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
-                                help=help_text)
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=default, help=help_text
+            )
             continue
-        parser.add_argument(flag, type=_field_parser(cls, field), default=default, help=help_text,
-                            choices=field.metadata.get("choices"),
-                            metavar=field.metadata.get("metavar"))
+        parser.add_argument(
+            flag,
+            type=_field_parser(cls, field),
+            default=default,
+            help=help_text,
+            choices=field.metadata.get("choices"),
+            metavar=field.metadata.get("metavar"),
+        )
     return parser
 
 
 def names_from(choices):
     """The parser of a list flag: "a,b" -> ("a", "b"), each checked against ``choices``."""
+
     def parse(text: str) -> tuple[str, ...]:
         names = tuple(name.strip() for name in text.split(",") if name.strip())
         if not names:
@@ -74,6 +83,7 @@ def names_from(choices):
             if name not in choices:
                 raise argparse.ArgumentTypeError(f"{name}: choose from {', '.join(choices)}")
         return names
+
     parse.__name__ = "list"  # argparse names the parser in its message: "invalid list value"
     return parse
 
@@ -85,6 +95,7 @@ def list_help(kind: str, choices) -> str:
 
 def int_at_least(low: int):
     """The parser of an integer flag with a floor: "0" -> error "must be at least 1"."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -93,6 +104,7 @@ def int_at_least(low: int):
         if value < low:
             raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
         return value
+
     parse.__name__ = "int"
     return parse
 
@@ -115,7 +127,9 @@ def parse_variants(text: str) -> tuple[Variant, ...]:
         for item in filter(None, (i.strip() for i in part.split(","))):
             key, sep, value = item.partition("=")
             if not sep or not key.strip():
-                raise argparse.ArgumentTypeError(f"cannot read {item!r}: write flag=value, e.g. steps=5")
+                raise argparse.ArgumentTypeError(
+                    f"cannot read {item!r}: write flag=value, e.g. steps=5"
+                )
             changes[key.strip().lstrip("-").replace("-", "_")] = value.strip()
         variants.append(changes)
     if not variants:
@@ -135,7 +149,9 @@ def with_variant(cfg, changes: dict, fixed: tuple[str, ...] = ("variants", "metr
     for name, text in changes.items():
         flag = f"--{name.replace('_', '-')}"
         if name not in fields or name in fixed:
-            raise ValueError(f"--variants: no flag {flag}" + (" in a variant" if name in fields else ""))
+            raise ValueError(
+                f"--variants: no flag {flag}" + (" in a variant" if name in fields else "")
+            )
         current = getattr(cfg, name)
         if isinstance(current, bool):
             if text.lower() not in ("true", "false"):
@@ -153,7 +169,9 @@ def with_variant(cfg, changes: dict, fixed: tuple[str, ...] = ("variants", "metr
                 raise ValueError(f"--variants: {flag[2:]}={text}: {exc}") from None
         choices = fields[name].metadata.get("choices")
         if choices and typed[name] not in choices:  # what argparse checks on the command line
-            raise ValueError(f"--variants: {flag[2:]}={text}: choose from {', '.join(map(str, choices))}")
+            raise ValueError(
+                f"--variants: {flag[2:]}={text}: choose from {', '.join(map(str, choices))}"
+            )
     return dataclasses.replace(cfg, variants=None, **typed)
 
 
@@ -190,10 +208,12 @@ def parse_config(cls, doc: str | None = None, argv: list[str] | None = None):
 
 def describe(cfg) -> str:
     """The config on one line, echoed once by rank 0 (a list flag as it is typed: a,b)."""
+
     def shown(value):
         if isinstance(value, (tuple, list)) and type(value).__str__ is object.__str__:
             return ",".join(map(str, value))
         return value  # a list flag's own type says itself as typed (lesson 3's on,off)
+
     return " ".join(f"{k}={shown(v)}" for k, v in dataclasses.asdict(cfg).items())
 
 
@@ -204,6 +224,8 @@ class TrainConfig:
         @dataclass
         class Config(TrainConfig):
             strategy: str = "FULL_SHARD"
+
+    Each field is a flag (``seq_len`` is ``--seq-len``); its metadata holds the help text.
     """
 
     steps: int = dataclasses.field(default=20, metadata={"help": "optimizer steps"})
@@ -214,11 +236,15 @@ class TrainConfig:
     n_heads: int = dataclasses.field(default=4, metadata={"help": "attention heads"})
     seq_len: int = dataclasses.field(default=64, metadata={"help": "tokens per sequence"})
     seed: int = dataclasses.field(default=0, metadata={"help": "the same on every rank"})
-    data: str | None = dataclasses.field(default=None, metadata={
-        "help": "train on this text file instead of the generated corpus"})
-    log_every: int = dataclasses.field(default=5, metadata={"help": "print a metric line every N steps"})
-    metrics: str | None = dataclasses.field(default=None, metadata={
-        "help": "rank 0 writes the metrics JSON here"})
+    data: str | None = dataclasses.field(
+        default=None, metadata={"help": "train on this text file instead of the generated corpus"}
+    )
+    log_every: int = dataclasses.field(
+        default=5, metadata={"help": "print a metric line every N steps"}
+    )
+    metrics: str | None = dataclasses.field(
+        default=None, metadata={"help": "rank 0 writes the metrics JSON here"}
+    )
 
     def model_config(self, vocab_size: int):
         """The GPT's sizes from these flags (the vocabulary comes from the data)."""

@@ -39,21 +39,29 @@ def grammar_text(num_sentences: int = 4000, seed: int = 0) -> str:
 @dataclass
 class TextData:
     tokens: torch.Tensor  # int64 ids, one per character
-    vocab: str            # the characters, sorted; id i is vocab[i]
+    vocab: str  # the characters, sorted; id i is vocab[i]
     seed: int = 0
 
     @property
     def vocab_size(self) -> int:
         return len(self.vocab)
 
-    def batch(self, step: int, rank: int, world_size: int, batch_size: int, seq_len: int,
-              device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(
+        self,
+        step: int,
+        rank: int,
+        world_size: int,
+        batch_size: int,
+        seq_len: int,
+        device: torch.device | str = "cpu",
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and next-token targets for this rank at this step: ``batch_size`` rows each."""
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-        starts = torch.randint(len(self.tokens) - seq_len - 1, (world_size * batch_size,),
-                               generator=generator)
-        mine = starts[rank * batch_size:(rank + 1) * batch_size]
-        rows = torch.stack([self.tokens[s:s + seq_len + 1] for s in mine.tolist()])
+        starts = torch.randint(
+            len(self.tokens) - seq_len - 1, (world_size * batch_size,), generator=generator
+        )
+        mine = starts[rank * batch_size : (rank + 1) * batch_size]
+        rows = torch.stack([self.tokens[s : s + seq_len + 1] for s in mine.tolist()])
         return rows[:, :-1].to(device), rows[:, 1:].to(device)
 
     def decode(self, ids) -> str:

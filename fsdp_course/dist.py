@@ -57,7 +57,7 @@ def _write_whole(text: str, stream) -> None:
         return
     data = text.encode(getattr(stream, "encoding", None) or "utf-8", "backslashreplace")
     while data:  # os.write may write less than asked (a signal, a full non-blocking pipe)
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]
 
 
 class CourseError(Exception):
@@ -76,8 +76,9 @@ class DistEnv:
     def is_rank0(self) -> bool:
         return self.rank == 0
 
-    def print0(self, *args, sep: str | None = " ", end: str | None = "\n", file=None,
-               flush: bool = True) -> None:
+    def print0(
+        self, *args, sep: str | None = " ", end: str | None = "\n", file=None, flush: bool = True
+    ) -> None:
         """Print on rank 0 only: the other ranks stay quiet unless something is wrong. Takes
         ``print``'s arguments and writes the text whole, in one write (see ``say``), so
         ``flush`` changes nothing."""
@@ -99,9 +100,11 @@ def require_torchrun(script: str | None = None) -> None:
     missing = [name for name in TORCHRUN_VARS if name not in os.environ]
     if missing:
         script = script or sys.argv[0]
-        say(f"{Path(script).name}: this script runs as several processes started by torchrun, "
+        say(
+            f"{Path(script).name}: this script runs as several processes started by torchrun, "
             f"which sets {', '.join(missing)}; run: {launcher_hint(script)}  "
-            f"(or: torchrun --standalone --nproc-per-node=2 {script})")
+            f"(or: torchrun --standalone --nproc-per-node=2 {script})"
+        )
         sys.exit(2)
 
 
@@ -121,8 +124,10 @@ def timeout_seconds() -> float:
         value = -1
     if value <= 0:
         # Every rank reads the same setting: rank 0 says it once for all.
-        leave_after_rank0(int(os.environ.get("RANK", "0")),
-                          f"COURSE_TIMEOUT_S must be a positive number of seconds, got {raw!r}")
+        leave_after_rank0(
+            int(os.environ.get("RANK", "0")),
+            f"COURSE_TIMEOUT_S must be a positive number of seconds, got {raw!r}",
+        )
     return value
 
 
@@ -196,7 +201,7 @@ def distributed(seed: int = 0):
             # From here on, collectives of the default group wait COURSE_TIMEOUT_S. (torch has
             # no public setter; this is what init_process_group's timeout would have set.)
             dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout))
-    except Exception as exc:  # noqa: BLE001 - one line, not a traceback from deep in c10d
+    except Exception as exc:  # one line, not a traceback from deep in c10d
         message = f"could not join the process group: {_one_line(exc)}"
         _wait_if_a_peer_is_gone(message)
         say(f"[rank {rank}] error: {message}")
@@ -219,7 +224,7 @@ def distributed(seed: int = 0):
         _exit(130)
     except CourseError as exc:
         leave_after_rank0(rank, f"error: {exc}")
-    except BaseException as exc:  # noqa: BLE001 - one readable line instead of N tracebacks
+    except BaseException as exc:  # one readable line instead of N tracebacks
         _fail(rank, exc, timeout)
     # Success: leave together. Without os._exit, gloo worker threads can drop the last tensor
     # reference during interpreter shutdown and abort a run that had finished.
@@ -227,7 +232,7 @@ def distributed(seed: int = 0):
         dist.barrier()  # a peer stuck in a collective of its own never comes: this times out
         gc.collect()
         dist.destroy_process_group()
-    except Exception as exc:  # noqa: BLE001 - one line, not a traceback from deep in c10d
+    except Exception as exc:  # one line, not a traceback from deep in c10d
         _fail(rank, exc, timeout, "could not leave the process group together: ")
     _exit(0)
 
@@ -237,8 +242,10 @@ def _fail(rank: int, exc: BaseException, timeout: float, what: str = "") -> None
     the traceback only with COURSE_DEBUG=1, and exit 1."""
     message = what + _one_line(exc)
     if "timed out" in message.lower() or "timeout" in message.lower():
-        message += (f"  (a rank waited more than COURSE_TIMEOUT_S={timeout:g} s for a collective"
-                    " that another rank never joined)")
+        message += (
+            f"  (a rank waited more than COURSE_TIMEOUT_S={timeout:g} s for a collective"
+            " that another rank never joined)"
+        )
     _wait_if_a_peer_is_gone(message)
     say(f"[rank {rank}] error: {message}")
     if os.environ.get("COURSE_DEBUG"):

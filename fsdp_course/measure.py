@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-MiB = 1024 ** 2
+MiB = 1024**2
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -41,8 +41,9 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None
     opt_bytes = 0
     if optimizer is not None:
         for state in optimizer.state.values():
-            opt_bytes += sum(nbytes(v) for v in state.values()
-                             if torch.is_tensor(v) and v.dim() > 0)
+            opt_bytes += sum(
+                nbytes(v) for v in state.values() if torch.is_tensor(v) and v.dim() > 0
+            )
     return {
         "params": sum(nbytes(p) for p in params),
         "grads": sum(nbytes(p.grad) for p in params),
@@ -87,6 +88,10 @@ def _payload_bytes(kind: str, args) -> int:
     return sum(t.numel() * t.element_size() for t in _tensors(args[0]))
 
 
+# c10d ops that are no collective with a payload: waiting on one, and barriers
+UNCOUNTED_C10D_OPS = ("wait", "barrier", "monitored_barrier")
+
+
 class CommCounter(TorchDispatchMode):
     """Counts calls and payload bytes of each collective issued inside ``with counter:``.
 
@@ -108,7 +113,7 @@ class CommCounter(TorchDispatchMode):
         self.bytes[kind] += num_bytes
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "c10d" and func.name().split("::")[-1] not in ("wait", "barrier", "monitored_barrier"):
+        if func.namespace == "c10d" and func.name().split("::")[-1] not in UNCOUNTED_C10D_OPS:
             kind = _op_name(func)
             self.record(kind, _payload_bytes(kind, args))
         return func(*args, **(kwargs or {}))
@@ -121,8 +126,10 @@ class CommCounter(TorchDispatchMode):
         return default_hooks.allreduce_hook(process_group, bucket)
 
     def summary(self) -> dict:
-        return {kind: {"calls": self.calls[kind], "bytes": self.bytes[kind]}
-                for kind in sorted(self.calls)}
+        return {
+            kind: {"calls": self.calls[kind], "bytes": self.bytes[kind]}
+            for kind in sorted(self.calls)
+        }
 
     @property
     def total_bytes(self) -> int:

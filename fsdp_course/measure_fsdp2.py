@@ -45,12 +45,14 @@ SUM_KEYS = ("params", "grads", "optimizer", "gathered", "activations")
 
 
 class CategoryPeakTracker(FSDPMemTracker):
-    """``FSDPMemTracker`` that also keeps the largest value each category reached.
+    """``FSDPMemTracker`` that also keeps the largest value each category reached:
 
         tracker = CategoryPeakTracker(model, optimizer)
         with tracker:
             ...one training step...
-        tracker.category_peaks()   # {"params": ..., "gathered": ..., "activations": ..., "peak": ...}
+        tracker.category_peaks()  # {"params": ..., "gathered": ..., "activations": ..., ...}
+
+    ``category_peaks`` gives bytes per category of ``CATEGORIES``, and ``peak``.
     """
 
     def __init__(self, mod: nn.Module, optm: torch.optim.Optimizer | None = None):
@@ -91,7 +93,9 @@ def is_fsdp2(model: nn.Module) -> bool:
     """An FSDP2 model, or a ``torch.compile`` wrapper around one."""
     from torch.distributed.fsdp import FSDPModule
 
-    return isinstance(model, FSDPModule) or isinstance(getattr(model, "_orig_mod", None), FSDPModule)
+    return isinstance(model, FSDPModule) or isinstance(
+        getattr(model, "_orig_mod", None), FSDPModule
+    )
 
 
 def parameter_bytes(model: nn.Module) -> int:
@@ -121,7 +125,9 @@ class MemoryProbe:
         if not self.enabled:
             return self
         if self.fsdp2:
-            self.tracker = self._stack.enter_context(CategoryPeakTracker(self.model, self.optimizer))
+            self.tracker = self._stack.enter_context(
+                CategoryPeakTracker(self.model, self.optimizer)
+            )
         else:
             from fsdp_course.measure import GatheredParamTracker, activation_bytes
 
@@ -178,11 +184,17 @@ def dtensor_rows(model: nn.Module, reference: nn.Module | None = None) -> list[d
         local = local_tensor(p)
         mine.append((list(local.shape), local.untyped_storage().nbytes()))
         full = p.full_tensor() if hasattr(p, "full_tensor") else p
-        row = {"name": name, "placements": placements_str(p), "global": list(p.shape),
-               "element_size": p.element_size()}
+        row = {
+            "name": name,
+            "placements": placements_str(p),
+            "global": list(p.shape),
+            "element_size": p.element_size(),
+        }
         same = ref.get(name.replace("_orig_mod.", ""))  # a torch.compile wrapper's prefix
         if same is not None:
-            row["full_equal"] = bool(torch.equal(full.detach().to(same.dtype).cpu(), same.detach().cpu()))
+            row["full_equal"] = bool(
+                torch.equal(full.detach().to(same.dtype).cpu(), same.detach().cpu())
+            )
         rows.append(row)
     every_rank = [None] * dist.get_world_size()
     dist.all_gather_object(every_rank, mine)
@@ -224,15 +236,18 @@ class GroupCommCounter(CommCounter):
             sizes = [sum(t.numel() * t.element_size() for t in _tensors(a)) for a in args[:2]]
             if min(sizes) > 0:
                 slot = self.groups.setdefault(kind, {}).setdefault(
-                    round(max(sizes) / min(sizes)), {"calls": 0, "bytes": 0})
+                    round(max(sizes) / min(sizes)), {"calls": 0, "bytes": 0}
+                )
                 slot["calls"] += 1
                 slot["bytes"] += max(sizes)
         return super().__torch_dispatch__(func, types, args, kwargs)
 
     def by_group(self) -> dict:
         """{"all_gather": {"4": {"calls": 5, "bytes": ...}, "2": {...}}, "reduce_scatter": ...}"""
-        return {kind: {str(g): dict(v) for g, v in sorted(groups.items())}
-                for kind, groups in self.groups.items()}
+        return {
+            kind: {str(g): dict(v) for g, v in sorted(groups.items())}
+            for kind, groups in self.groups.items()
+        }
 
 
 def resharding(model: nn.Module) -> list[dict]:
@@ -247,7 +262,11 @@ def resharding(model: nn.Module) -> list[dict]:
             continue
         for group in module._get_fsdp_state()._fsdp_param_groups:
             info, size = group.post_forward_mesh_info, group.mesh_info.shard_mesh_size
-            keeps = ("whole" if info is None else "shard" if info.shard_mesh_size == size
-                     else f"1/{info.shard_mesh_size}")
+            if info is None:
+                keeps = "whole"
+            elif info.shard_mesh_size == size:
+                keeps = "shard"
+            else:
+                keeps = f"1/{info.shard_mesh_size}"
             units.append({"unit": name.replace("_orig_mod.", "") or "(root)", "keeps": keeps})
     return units

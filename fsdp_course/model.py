@@ -40,8 +40,9 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, dim = x.shape
         q, k, v = self.qkv(x).split(dim, dim=2)
-        q, k, v = (t.view(batch, seq, self.n_heads, dim // self.n_heads).transpose(1, 2)
-                   for t in (q, k, v))
+        q, k, v = (
+            t.view(batch, seq, self.n_heads, dim // self.n_heads).transpose(1, 2) for t in (q, k, v)
+        )
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask[:seq, :seq])
         return self.proj(y.transpose(1, 2).reshape(batch, seq, dim))
 

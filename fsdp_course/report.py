@@ -21,8 +21,13 @@ import torch
 
 from fsdp_course.dist import DistEnv
 
-COLUMNS = (("step", "{:>5d}"), ("loss", "{:>7.4f}"), ("ms/step", "{:>8.1f}"),
-           ("peak MiB/rank", "{:>13.2f}"), ("sent MiB", "{:>9.3f}"))
+COLUMNS = (
+    ("step", "{:>5d}"),
+    ("loss", "{:>7.4f}"),
+    ("ms/step", "{:>8.1f}"),
+    ("peak MiB/rank", "{:>13.2f}"),
+    ("sent MiB", "{:>9.3f}"),
+)
 
 
 class MetricLogger:
@@ -37,12 +42,26 @@ class MetricLogger:
         self.history: list[dict] = []
         self._printed_header = False
 
-    def log(self, step: int, loss: float, ms: float, peak_mib: float | None,
-            sent_mib: float | None, last: bool = False, **extra) -> None:
+    def log(
+        self,
+        step: int,
+        loss: float,
+        ms: float,
+        peak_mib: float | None,
+        sent_mib: float | None,
+        last: bool = False,
+        **extra,
+    ) -> None:
         """``last=True`` prints the line whatever ``log_every`` says (the final step, or the
         one step the instruments measured)."""
-        row = {"step": step, "loss": loss, "ms": ms, "peak_mib": peak_mib, "sent_mib": sent_mib,
-               **extra}
+        row = {
+            "step": step,
+            "loss": loss,
+            "ms": ms,
+            "peak_mib": peak_mib,
+            "sent_mib": sent_mib,
+            **extra,
+        }
         self.history.append(row)
         if not self.env.is_rank0 or not (step % self.log_every == 0 or last):
             return
@@ -51,8 +70,12 @@ class MetricLogger:
             self.env.print0(" | ".join(name.rjust(w) for (name, _), w in zip(COLUMNS, widths)))
             self._printed_header = True
         values = (step, loss, ms, peak_mib, sent_mib)
-        self.env.print0(" | ".join("-".rjust(w) if v is None else fmt.format(v)
-                                   for (_, fmt), v, w in zip(COLUMNS, values, widths)))
+        self.env.print0(
+            " | ".join(
+                "-".rjust(w) if v is None else fmt.format(v)
+                for (_, fmt), v, w in zip(COLUMNS, values, widths)
+            )
+        )
 
 
 def unwatched_ms(history: list[dict]) -> float | None:
@@ -91,12 +114,13 @@ def write_json_atomic(path: str | Path, data) -> None:
         raise
 
 
-def write_metrics(path: str | None, lesson: str, env: DistEnv, config, history: list[dict],
-                  results: dict) -> None:
+def write_metrics(
+    path: str | None, lesson: str, env: DistEnv, config, history: list[dict], results: dict
+) -> None:
     """Rank 0 writes the metrics file (format in the module docstring); others do nothing."""
     if not path or not env.is_rank0:
         return
-    write_json_atomic(path, _jsonable({
+    metrics = {
         "lesson": lesson,
         "world_size": env.world_size,
         "backend": env.backend,
@@ -105,7 +129,8 @@ def write_metrics(path: str | None, lesson: str, env: DistEnv, config, history: 
         "config": config,
         "history": history,
         "results": results,
-    }))
+    }
+    write_json_atomic(path, _jsonable(metrics))
 
 
 def read_metrics(path: str | Path) -> dict:
@@ -119,8 +144,10 @@ def table(rows: list[dict], columns: list[str] | None = None) -> str:
     columns = columns or list(rows[0])
     cells = [[_fmt(row.get(c, "")) for c in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    lines = [" | ".join(c.rjust(w) for c, w in zip(columns, widths)),
-             "-+-".join("-" * w for w in widths)]
+    lines = [
+        " | ".join(c.rjust(w) for c, w in zip(columns, widths)),
+        "-+-".join("-" * w for w in widths),
+    ]
     lines += [" | ".join(v.rjust(w) for v, w in zip(r, widths)) for r in cells]
     return "\n".join(lines)
 

@@ -61,8 +61,11 @@ def report(failures: dict[int, ProcessFailure]) -> tuple[str, int]:
     rank, failure = root_cause(failures)
     line = f"torchrun: rank {rank} {_how(failure)}"
     line += "; its message is above" if failure.exitcode > 0 else ""
-    after = [f"rank {r} {_how(f)}" for r, f in sorted(failures.items())
-             if r != rank and not _stopped_by_agent(f)]
+    after = [
+        f"rank {r} {_how(f)}"
+        for r, f in sorted(failures.items())
+        if r != rank and not _stopped_by_agent(f)
+    ]
     if after:
         line += f"; after it, {', '.join(after)}"
     return line + " (COURSE_DEBUG=1 shows the agent's report)", _exit_code(failure.exitcode)

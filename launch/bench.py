@@ -25,8 +25,15 @@ NOTEBOOK_BUDGET_S = 60.0  # the course's promise: each notebook under a minute o
 CELL_TIMEOUT_S = 600
 SCRIPT_TIMEOUT_S = 900
 COPY_IGNORE = shutil.ignore_patterns(
-    ".git", ".venv", "__pycache__", "*.egg-info", ".ipynb_checkpoints", ".pytest_cache",
-    "runs", "checkpoints", "metrics*.json",
+    ".git",
+    ".venv",
+    "__pycache__",
+    "*.egg-info",
+    ".ipynb_checkpoints",
+    ".pytest_cache",
+    "runs",
+    "checkpoints",
+    "metrics*.json",
 )
 
 
@@ -78,8 +85,10 @@ def slowest_cells(nb, count: int = 3) -> str:
         stamps = cell.get("metadata", {}).get("execution", {})
         start, end = stamps.get("iopub.execute_input"), stamps.get("shell.execute_reply")
         if cell.cell_type == "code" and start and end:
-            seconds = (datetime.fromisoformat(end.replace("Z", "+00:00"))
-                       - datetime.fromisoformat(start.replace("Z", "+00:00"))).total_seconds()
+            seconds = (
+                datetime.fromisoformat(end.replace("Z", "+00:00"))
+                - datetime.fromisoformat(start.replace("Z", "+00:00"))
+            ).total_seconds()
             timed.append((seconds, index))
     return ", ".join(f"cell {i} {s:.1f} s" for s, i in sorted(timed, reverse=True)[:count])
 
@@ -93,7 +102,10 @@ def run_notebook(path: Path, log: Path, tmp: Path) -> tuple[bool, str]:
     # IPC sockets in the temporary folder: no TCP ports, no "running over TCP" warning.
     km = KernelManager(kernel_name="python3", transport="ipc", ip=str(tmp / "kernel-ipc"))
     client = NotebookClient(
-        nb, km=km, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+        nb,
+        km=km,
+        timeout=CELL_TIMEOUT_S,
+        kernel_name="python3",
         resources={"metadata": {"path": str(path.parent)}},
     )
     try:
@@ -114,7 +126,10 @@ def run_script(root: Path, number: int, log: Path, workdir: Path) -> tuple[bool,
     with open(log, "w") as out:
         try:
             proc = subprocess.run(
-                ["bash", str(launcher)], cwd=workdir, stdout=out, stderr=subprocess.STDOUT,
+                ["bash", str(launcher)],
+                cwd=workdir,
+                stdout=out,
+                stderr=subprocess.STDOUT,
                 timeout=SCRIPT_TIMEOUT_S,
             )
         except subprocess.TimeoutExpired:
@@ -129,10 +144,22 @@ def instrumentation_overhead(root: Path, workdir: Path) -> str | None:
     """launch/overhead.py under torchrun: ms per step with and without the course's
     instruments (its one summary line), or None when it failed."""
     proc = subprocess.run(
-        [sys.executable, "-m", "fsdp_course.torchrun", "--standalone",
-         f"--nproc-per-node={os.environ.get('NPROC', '2')}", str(root / "launch" / "overhead.py")],
-        cwd=workdir, capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("instrumentation overhead")]
+        [
+            sys.executable,
+            "-m",
+            "fsdp_course.torchrun",
+            "--standalone",
+            f"--nproc-per-node={os.environ.get('NPROC', '2')}",
+            str(root / "launch" / "overhead.py"),
+        ],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=SCRIPT_TIMEOUT_S,
+    )
+    lines = [
+        line for line in proc.stdout.splitlines() if line.startswith("instrumentation overhead")
+    ]
     return lines[-1] if proc.returncode == 0 and lines else None
 
 
@@ -161,7 +188,10 @@ def main() -> int:
     items = find_items(root, only)
     want_overhead = selected("script", "overhead.py", None, only)
     if not items and not want_overhead:
-        print(f"bench: nothing to run (BENCH_ONLY={os.environ.get('BENCH_ONLY', '')!r})", file=sys.stderr)
+        print(
+            f"bench: nothing to run (BENCH_ONLY={os.environ.get('BENCH_ONLY', '')!r})",
+            file=sys.stderr,
+        )
         shutil.rmtree(tmp, ignore_errors=True)
         return 1
 
@@ -180,19 +210,23 @@ def main() -> int:
         cpu = children_cpu_seconds() - cpu_start
         if not ok:
             status = "FAIL"
-            failures.append(f"{kind} {name}: {why.strip().splitlines()[-1] if why.strip() else 'failed'}")
+            failures.append(
+                f"{kind} {name}: {why.strip().splitlines()[-1] if why.strip() else 'failed'}"
+            )
         elif budget is not None and seconds > budget:
             status = "SLOW"
             failures.append(f"{kind} {name}: {seconds:.1f} s, over its {budget:.0f} s budget")
         else:
             status = "yes"
-        rows.append((kind, name, f"{seconds:.1f}", f"{cpu:.1f}",
-                     "-" if budget is None else f"{budget:.0f}", status))
+        budget_text = "-" if budget is None else f"{budget:.0f}"
+        rows.append((kind, name, f"{seconds:.1f}", f"{cpu:.1f}", budget_text, status))
 
     if want_overhead:
         print("bench: instrumentation overhead ...", file=sys.stderr, flush=True)
         overhead = instrumentation_overhead(root, work)
-        rows.append(("overhead", "launch/overhead.py", "-", "-", "-", "yes" if overhead else "FAIL"))
+        rows.append(
+            ("overhead", "launch/overhead.py", "-", "-", "-", "yes" if overhead else "FAIL")
+        )
         if not overhead:
             failures.append("overhead: launch/overhead.py failed")
     else:
@@ -201,11 +235,19 @@ def main() -> int:
     total = sum(float(r[2]) for r in rows if r[2] != "-")
     total_cpu = sum(float(r[3]) for r in rows if r[3] != "-")
     header = ("kind", "name", "seconds", "cpu s", "budget", "ok")
-    table = [header, *rows,
-             ("total", "", f"{total:.1f}", f"{total_cpu:.1f}", "", "yes" if not failures else "no")]
+    table = [
+        header,
+        *rows,
+        ("total", "", f"{total:.1f}", f"{total_cpu:.1f}", "", "yes" if not failures else "no"),
+    ]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for i, row in enumerate(table):
-        print(" | ".join(cell.ljust(w) if j < 2 else cell.rjust(w) for j, (cell, w) in enumerate(zip(row, widths))))
+        print(
+            " | ".join(
+                cell.ljust(w) if j < 2 else cell.rjust(w)
+                for j, (cell, w) in enumerate(zip(row, widths))
+            )
+        )
         if i == 0 or i == len(table) - 2:
             print("-+-".join("-" * w for w in widths))
 

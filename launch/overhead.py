@@ -46,10 +46,14 @@ def main() -> None:
     cfg = parse_config(TrainConfig, __doc__)
     with distributed(seed=cfg.seed) as env:
         data = load_data(cfg.data, seed=cfg.seed)
-        model = FSDP(GPT(cfg.model_config(data.vocab_size)),
-                     auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
-                                                        transformer_layer_cls={Block}),
-                     sharding_strategy=ShardingStrategy.FULL_SHARD, device_id=env.device)
+        model = FSDP(
+            GPT(cfg.model_config(data.vocab_size)),
+            auto_wrap_policy=functools.partial(
+                transformer_auto_wrap_policy, transformer_layer_cls={Block}
+            ),
+            sharding_strategy=ShardingStrategy.FULL_SHARD,
+            device_id=env.device,
+        )
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
         times = {False: [], True: []}
         for i in range(2 * cfg.steps + 2):
@@ -59,9 +63,11 @@ def main() -> None:
             if i >= 2:  # the first two steps warm up the allocator and the gloo buffers
                 times[instrumented].append(ms)
         plain, watched = statistics.median(times[False]), statistics.median(times[True])
-        env.print0(f"instrumentation overhead | {env.world_size} ranks | {cfg.steps} steps each | "
-                   f"plain {plain:.1f} ms/step | instrumented {watched:.1f} ms/step | "
-                   f"overhead {watched - plain:+.1f} ms ({(watched - plain) / plain:+.0%})")
+        env.print0(
+            f"instrumentation overhead | {env.world_size} ranks | {cfg.steps} steps each | "
+            f"plain {plain:.1f} ms/step | instrumented {watched:.1f} ms/step | "
+            f"overhead {watched - plain:+.1f} ms ({(watched - plain) / plain:+.0%})"
+        )
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@
 #   2. torch: keeps the venv's torch if it is already >= 2.13 (for example a CUDA build you
 #      installed yourself); installs ${TORCH_SPEC:-torch==2.13.0} if there is none; stops with
 #      a message if the venv's torch is older;
-#   3. pip install -e <repo> (the course library, the quizzes, JupyterLab, pytest, ...);
+#   3. pip install -e '<repo>[test]': the course (library, quizzes, JupyterLab, ...) and its test
+#      extra (pytest, pytest-xdist, playwright, nbval, ruff, pre-commit), always, so that lab.sh
+#      and test.sh share one environment and `bash launch/test.sh` works on a fresh machine;
 #   4. writes a stamp (a hash of pyproject.toml and this file) into the venv: while it matches,
 #      later runs skip steps 2-3 and take well under a second.
 #
@@ -134,8 +136,8 @@ if ! "$VPY" -c 'import sys, importlib.metadata as md; sys.exit(tuple(int(x) for 
 fi
 
 # 4. The course and its tools ------------------------------------------------------------------
-say "installing the course: pip install -e $ROOT"
-run_pip install -e "$ROOT"
+say "installing the course and its test tools: pip install -e '$ROOT[test]'"
+run_pip install -e "$ROOT[test]"
 
 echo "$WANT" >"$STAMP"
 TORCH_NOW=$("$VPY" -c 'import importlib.metadata as md; print(md.version("torch"))')

@@ -1,6 +1,7 @@
 """Shared fixtures: the repository root, running commands and launchers, a private quiz
 progress file, and one cache of lesson launches per test run. Kept small and generic; lesson
 tests add their own helpers."""
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,12 @@ def run_cmd_fixture():
 def run_launcher():
     """run_launcher("lesson1.sh", "--steps", "3", env={"NPROC": "2"}, timeout=300):
     ``bash launch/<name> args...`` from the repo root, as CompletedProcess."""
+
     def run(name, *args, env=None, timeout=300, cwd=None):
-        return run_cmd(["bash", REPO_ROOT / "launch" / name, *args], env=env, timeout=timeout, cwd=cwd)
+        return run_cmd(
+            ["bash", REPO_ROOT / "launch" / name, *args], env=env, timeout=timeout, cwd=cwd
+        )
+
     return run
 
 
@@ -83,8 +88,10 @@ def pytest_terminal_summary(terminalreporter, config):
     except FileNotFoundError:
         launches = []
     cached = len([name for name in os.listdir(folder) if name.endswith(".json")])
-    terminalreporter.write_line(f"torchrun launches: {len(launches)} "
-                                f"({cached} lesson launches shared through the run cache)")
+    terminalreporter.write_line(
+        f"torchrun launches: {len(launches)} "
+        f"({cached} lesson launches shared through the run cache)"
+    )
 
 
 def pytest_unconfigure(config):
@@ -101,8 +108,21 @@ def pytest_unconfigure(config):
 # 50, lesson0 49, slurm 26, plan 4; everything else under 15). A long group taken last keeps one
 # worker busy while the other idles; taken first, the short ones fill in around it. Scheduling
 # only: no test depends on it.
-LONGEST_FIRST = ("lesson8", "lesson7", "lesson4", "lesson5", "lesson6", "test_browser", "lesson2",
-                 "lesson3", "lesson1", "test_library", "lesson0", "test_slurm", "test_plan")
+LONGEST_FIRST = (
+    "lesson8",
+    "lesson7",
+    "lesson4",
+    "lesson5",
+    "lesson6",
+    "test_browser",
+    "lesson2",
+    "lesson3",
+    "lesson1",
+    "test_library",
+    "lesson0",
+    "test_slurm",
+    "test_plan",
+)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -116,8 +136,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.path.stem
         group = module
-        if module.startswith("test_lesson") and module[len("test_lesson"):].isdigit():
-            group = f"lesson{int(module[len('test_lesson'):])}"
+        if module.startswith("test_lesson") and module[len("test_lesson") :].isdigit():
+            group = f"lesson{int(module[len('test_lesson') :])}"
         elif module == "test_notebooks" and hasattr(item, "callspec"):
             folder = item.callspec.params["path"].parent.name
             if folder[:2].isdigit():

@@ -1,5 +1,6 @@
 """Helpers the tests import (``from helpers import run_cmd``). Not in conftest.py: a second
 conftest (lessons/conftest.py) would make ``from conftest import ...`` ambiguous."""
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,13 @@ def run_cmd(args, env=None, timeout=120, cwd=None, input=None) -> subprocess.Com
         else:
             full_env[key] = str(value)
     return subprocess.run(
-        [str(a) for a in args], cwd=cwd or REPO_ROOT, env=full_env, input=input,
-        text=True, capture_output=True, timeout=timeout,
+        [str(a) for a in args],
+        cwd=cwd or REPO_ROOT,
+        env=full_env,
+        input=input,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
     )
 
 
@@ -41,7 +47,9 @@ def lesson_script(lesson: int, name: str = "train"):
     others = {n: sys.modules.pop(n) for n in siblings if n in sys.modules}
     sys.path.insert(0, str(folder))
     try:
-        spec = importlib.util.spec_from_file_location(f"lesson{lesson}_{name}", folder / f"{name}.py")
+        spec = importlib.util.spec_from_file_location(
+            f"lesson{lesson}_{name}", folder / f"{name}.py"
+        )
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     finally:

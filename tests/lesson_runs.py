@@ -10,8 +10,9 @@ from __future__ import annotations
 from course_lab.notebook import LessonRun, launch_lesson
 
 
-def launch(lesson: int, *args, nproc: int = 2, tmp=None, env: dict | None = None,
-           timeout: int = 600) -> tuple[LessonRun, dict | None]:
+def launch(
+    lesson: int, *args, nproc: int = 2, tmp=None, env: dict | None = None, timeout: int = 600
+) -> tuple[LessonRun, dict | None]:
     """``NPROC=nproc bash launch/lessonN.sh args``; returns (finished run, metrics or None).
     ``tmp`` is accepted for older callers and unused: the metrics file lives in a temporary
     folder of its own."""

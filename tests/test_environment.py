@@ -1,4 +1,5 @@
 """pyproject.toml and environment.yml list the same requirements; notebooks are stored clean."""
+
 from __future__ import annotations
 
 import json
@@ -36,7 +37,9 @@ def by_name(lines) -> dict[str, SpecifierSet]:
 
 
 def conda_pip_list() -> list[str]:
-    pip_sections = [d["pip"] for d in environment()["dependencies"] if isinstance(d, dict) and "pip" in d]
+    pip_sections = [
+        d["pip"] for d in environment()["dependencies"] if isinstance(d, dict) and "pip" in d
+    ]
     assert len(pip_sections) == 1, "environment.yml needs exactly one pip: section"
     return pip_sections[0]
 
@@ -46,13 +49,38 @@ def test_pyproject_basics():
     assert project["name"] == "fsdp-course"
     assert SpecifierSet(project["requires-python"]) == SpecifierSet(">=3.10")
     names = set(by_name(project["dependencies"]))
-    for needed in ["torch", "jupyterlab", "ipykernel", "ipywidgets", "nbclient", "nbformat",
-                   "pytest", "matplotlib"]:
+    for needed in [
+        "torch",
+        "jupyterlab",
+        "ipykernel",
+        "ipywidgets",
+        "nbclient",
+        "nbformat",
+        "matplotlib",
+    ]:
         assert needed in names
     pytest_cfg = pyproject()["tool"]["pytest"]["ini_options"]
     assert pytest_cfg["testpaths"] == ["tests"]  # tests/test_notebooks.py runs the notebooks
     assert "-ra" in pytest_cfg["addopts"]
     assert {m.split(":")[0] for m in pytest_cfg["markers"]} >= {"slow", "browser"}
+
+
+def test_test_tools_are_an_extra_not_course_dependencies():
+    """What only the tests and the repository's tools use is the `test` extra; the course itself
+    (`pip install -e .`) does not pull it."""
+    project = pyproject()["project"]
+    runtime = set(by_name(project["dependencies"]))
+    extra = by_name(project["optional-dependencies"]["test"])
+    tools = {"pytest", "pytest-xdist", "playwright", "nbval", "ruff", "pre-commit"}
+    assert tools <= extra.keys()
+    assert not tools & runtime, f"test tools among the course's dependencies: {tools & runtime}"
+    assert str(extra["ruff"]).startswith("=="), (
+        "ruff is pinned exactly (its output changes by version)"
+    )
+    setup = (REPO_ROOT / "launch" / "setup.sh").read_text()
+    assert 'install -e "$ROOT[test]"' in setup, (
+        "launch/setup.sh installs the course with its test extra"
+    )
 
 
 def test_environment_matches_pyproject():
@@ -67,32 +95,39 @@ def test_environment_matches_pyproject():
     editable = [line for line in pip_list if line.startswith("-e")]
     assert editable == ["-e ."], "environment.yml installs the course itself with '-e .'"
     in_conda = by_name([line for line in pip_list if not line.startswith("-")])
-    in_pyproject = by_name(pyproject()["project"]["dependencies"])
+    project = pyproject()["project"]
+    in_pyproject = by_name(project["dependencies"] + project["optional-dependencies"]["test"])
     assert in_conda.keys() == in_pyproject.keys(), (
         f"only in environment.yml: {sorted(in_conda.keys() - in_pyproject.keys())}; "
         f"only in pyproject.toml: {sorted(in_pyproject.keys() - in_conda.keys())}"
     )
     for name, spec in in_pyproject.items():
-        assert in_conda[name] == spec, f"{name}: pyproject '{spec}' vs environment.yml '{in_conda[name]}'"
+        assert in_conda[name] == spec, (
+            f"{name}: pyproject '{spec}' vs environment.yml '{in_conda[name]}'"
+        )
 
 
 def test_python_version_of_the_environment_is_allowed():
     """The Python that environment.yml pins, and the one running these tests, are both ones
     pyproject.toml's requires-python accepts."""
     allowed = SpecifierSet(pyproject()["project"]["requires-python"])
-    pins = [d for d in environment()["dependencies"] if isinstance(d, str) and re.match(r"python\b", d)]
+    pins = [
+        d for d in environment()["dependencies"] if isinstance(d, str) and re.match(r"python\b", d)
+    ]
     assert len(pins) == 1, f"environment.yml should pin python once: {pins}"
     pinned = re.fullmatch(r"python\s*==?\s*(\d+\.\d+)(\.\*)?", pins[0])
     assert pinned, f"environment.yml: expected python=X.Y, got {pins[0]!r}"
     assert allowed.contains(pinned.group(1)), (
-        f"environment.yml pins python {pinned.group(1)}, pyproject.toml requires {allowed}")
+        f"environment.yml pins python {pinned.group(1)}, pyproject.toml requires {allowed}"
+    )
     running = "{}.{}.{}".format(*sys.version_info[:3])
     assert allowed.contains(running), f"the tests run on Python {running}, outside {allowed}"
 
 
 def lesson_notebooks() -> list[Path]:
-    return sorted(p for p in (REPO_ROOT / "lessons").rglob("*.ipynb")
-                  if ".ipynb_checkpoints" not in p.parts)
+    return sorted(
+        p for p in (REPO_ROOT / "lessons").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts
+    )
 
 
 def test_notebooks_are_stored_without_outputs():
