@@ -102,6 +102,7 @@ class CommCounter(TorchDispatchMode):
     def reset(self) -> None:
         self.calls = defaultdict(int)
         self.bytes = defaultdict(int)
+        self.ddp_buckets = []  # (address, bytes) of each DDP bucket seen by ddp_comm_hook
 
     def record(self, kind: str, num_bytes: int) -> None:
         self.calls[kind] += 1
@@ -117,8 +118,20 @@ class CommCounter(TorchDispatchMode):
         """A DDP communication hook: count the bucket, then all-reduce it as DDP would."""
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        self.record("all_reduce", bucket.buffer().numel() * bucket.buffer().element_size())
+        buffer = bucket.buffer()
+        self.record("all_reduce", buffer.numel() * buffer.element_size())
+        self.ddp_buckets.append((buffer.data_ptr(), buffer.numel() * buffer.element_size()))
         return default_hooks.allreduce_hook(process_group, bucket)
+
+    def ddp_bucket_memory(self, model: nn.Module) -> dict:
+        """DDP's gradient buckets this step (call after backward): their bytes, and how many of
+        the model's gradients lie inside them. By default (``gradient_as_bucket_view=False``)
+        none do: the buckets are a second copy of every gradient, kept between steps."""
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        inside = sum(any(start <= g.data_ptr() < start + size for start, size in self.ddp_buckets)
+                     for g in grads)
+        return {"bytes": sum(size for _, size in self.ddp_buckets), "grads_inside": inside,
+                "grads": len(grads)}
 
     def summary(self) -> dict:
         return {kind: {"calls": self.calls[kind], "bytes": self.bytes[kind]}
