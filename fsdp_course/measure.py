@@ -50,7 +50,7 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None
     }
 
 
-def _op_name(func) -> str:
+def op_name(func) -> str:
     """'c10d::_allgather_base_' -> the collective it performs, in the course's words."""
     name = func.name().split("::")[-1].lower()
     if "allgather" in name or "all_gather" in name:
@@ -64,15 +64,16 @@ def _op_name(func) -> str:
     return name.strip("_")
 
 
-def _tensors(x):
+def tensors_in(x):
+    """Every tensor in ``x``: a tensor, or lists and tuples of them, nested."""
     if torch.is_tensor(x):
         yield x
     elif isinstance(x, (list, tuple)):
         for item in x:
-            yield from _tensors(item)
+            yield from tensors_in(item)
 
 
-def _payload_bytes(kind: str, args) -> int:
+def payload_bytes(kind: str, args) -> int:
     """The logical size of a collective: the *full* tensor it gathers, scatters or reduces.
 
     all_gather: the output (every rank's shard together); reduce_scatter: the input (before it
@@ -82,9 +83,9 @@ def _payload_bytes(kind: str, args) -> int:
     if kind in ("all_gather", "reduce_scatter"):
         # Both the tensor and the list-of-lists forms put the full-size side first or second;
         # the larger of the first two arguments is the full tensor either way.
-        sizes = [sum(t.numel() * t.element_size() for t in _tensors(a)) for a in args[:2]]
+        sizes = [sum(t.numel() * t.element_size() for t in tensors_in(a)) for a in args[:2]]
         return max(sizes)
-    return sum(t.numel() * t.element_size() for t in _tensors(args[0]))
+    return sum(t.numel() * t.element_size() for t in tensors_in(args[0]))
 
 
 class CommCounter(TorchDispatchMode):
@@ -110,8 +111,8 @@ class CommCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace == "c10d" and func.name().split("::")[-1] not in ("wait", "barrier", "monitored_barrier"):
-            kind = _op_name(func)
-            self.record(kind, _payload_bytes(kind, args))
+            kind = op_name(func)
+            self.record(kind, payload_bytes(kind, args))
         return func(*args, **(kwargs or {}))
 
     def ddp_comm_hook(self, process_group, bucket):
