@@ -225,7 +225,7 @@ def test_clip_grad_norm_torch_sees_the_shard_fsdp_the_whole(n2, n4):
 
 
 def test_figures_the_quiz_cites_as_measured_in_lesson_1_still_hold(n2):
-    # /work/notes/bank_changes_lesson1.md: q_clip_grad_norm and q_tiny_model_memory cite these.
+    # The lesson 1 bank's q_clip_grad_norm and q_tiny_model_memory cite these figures.
     fs, no_shard = n2["FULL_SHARD"], n2["NO_SHARD"]
     norms = fs["grad_norms"]
     assert [round(v, 2) for v in norms["torch_nn_utils_per_rank"]] == [3.64, 4.06]
