@@ -211,20 +211,6 @@ def _cell(value) -> str:
     return str(value)
 
 
-def learner_file(source: str, prefix: str) -> Path:
-    """A file holding the learner's ``source``, named by its content: the same code gives the
-    same file, so the same launch (which the test suite runs once and shares). Written whole
-    (temporary file + rename), so two processes never see half a file."""
-    folder = Path(tempfile.gettempdir()) / "fsdp-course-learner-code"
-    folder.mkdir(exist_ok=True)
-    path = folder / f"{prefix}_{hashlib.sha256(source.encode()).hexdigest()[:16]}.py"
-    if not path.is_file():
-        part = path.with_suffix(f".{os.getpid()}.part")
-        part.write_text(source)
-        os.replace(part, path)
-    return path
-
-
 def mib(num_bytes: float) -> float:
     return round(num_bytes / 2 ** 20, 3)
 

@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import re
 import shutil
@@ -240,20 +239,6 @@ def check_loadable(path: str | Path, expected: dict[str, list[int]] | None = Non
         if size is not None and list(size) != list(shape):
             raise CourseError(f"{path} was saved from another model: {key} has shape "
                               f"{list(size)} there, {list(shape)} here")
-
-
-def load_module(path: str):
-    """Import a learner's ``.py`` file (``--ckpt-module``) that defines save() and load()."""
-    file = Path(path)
-    if not file.is_file():
-        raise CourseError(f"--ckpt-module {path}: no such file")
-    spec = importlib.util.spec_from_file_location(f"ckpt_module_{file.stem}", file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    for name in ("save", "load"):
-        if not callable(getattr(module, name, None)):
-            raise CourseError(f"--ckpt-module {path}: define {name}(path, model, optimizer)")
-    return module
 
 
 class CrashingWriter(FileSystemWriter):

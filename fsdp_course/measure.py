@@ -51,7 +51,7 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None
     }
 
 
-def _op_name(func) -> str:
+def op_name(func) -> str:
     """'c10d::_allgather_base_' -> the collective it performs, in the course's words."""
     name = func.name().split("::")[-1].lower()
     if "allgather" in name or "all_gather" in name:
@@ -65,15 +65,16 @@ def _op_name(func) -> str:
     return name.strip("_")
 
 
-def _tensors(x):
+def tensors_in(x):
+    """Every tensor in ``x``: a tensor, or lists and tuples of them, nested."""
     if torch.is_tensor(x):
         yield x
     elif isinstance(x, (list, tuple)):
         for item in x:
-            yield from _tensors(item)
+            yield from tensors_in(item)
 
 
-def _payload_bytes(kind: str, args) -> int:
+def payload_bytes(kind: str, args) -> int:
     """The logical size of a collective: the *full* tensor it gathers, scatters or reduces.
 
     all_gather: the output (every rank's shard together); reduce_scatter: the input (before it
@@ -83,9 +84,9 @@ def _payload_bytes(kind: str, args) -> int:
     if kind in ("all_gather", "reduce_scatter"):
         # Both the tensor and the list-of-lists forms put the full-size side first or second;
         # the larger of the first two arguments is the full tensor either way.
-        sizes = [sum(t.numel() * t.element_size() for t in _tensors(a)) for a in args[:2]]
+        sizes = [sum(t.numel() * t.element_size() for t in tensors_in(a)) for a in args[:2]]
         return max(sizes)
-    return sum(t.numel() * t.element_size() for t in _tensors(args[0]))
+    return sum(t.numel() * t.element_size() for t in tensors_in(args[0]))
 
 
 # c10d ops that are no collective with a payload: waiting on one, and barriers
@@ -107,6 +108,7 @@ class CommCounter(TorchDispatchMode):
     def reset(self) -> None:
         self.calls = defaultdict(int)
         self.bytes = defaultdict(int)
+        self.ddp_buckets = []  # (address, bytes) of each DDP bucket seen by ddp_comm_hook
 
     def record(self, kind: str, num_bytes: int) -> None:
         self.calls[kind] += 1
@@ -114,16 +116,28 @@ class CommCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace == "c10d" and func.name().split("::")[-1] not in UNCOUNTED_C10D_OPS:
-            kind = _op_name(func)
-            self.record(kind, _payload_bytes(kind, args))
+            kind = op_name(func)
+            self.record(kind, payload_bytes(kind, args))
         return func(*args, **(kwargs or {}))
 
     def ddp_comm_hook(self, process_group, bucket):
         """A DDP communication hook: count the bucket, then all-reduce it as DDP would."""
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        self.record("all_reduce", bucket.buffer().numel() * bucket.buffer().element_size())
+        buffer = bucket.buffer()
+        self.record("all_reduce", buffer.numel() * buffer.element_size())
+        self.ddp_buckets.append((buffer.data_ptr(), buffer.numel() * buffer.element_size()))
         return default_hooks.allreduce_hook(process_group, bucket)
+
+    def ddp_bucket_memory(self, model: nn.Module) -> dict:
+        """DDP's gradient buckets this step (call after backward): their bytes, and how many of
+        the model's gradients lie inside them. By default (``gradient_as_bucket_view=False``)
+        none do: the buckets are a second copy of every gradient, kept between steps."""
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        inside = sum(any(start <= g.data_ptr() < start + size for start, size in self.ddp_buckets)
+                     for g in grads)
+        return {"bytes": sum(size for _, size in self.ddp_buckets), "grads_inside": inside,
+                "grads": len(grads)}
 
     def summary(self) -> dict:
         return {

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-from fsdp_course.measure import CommCounter, _op_name, _tensors, local_tensor, state_bytes
+from fsdp_course.measure import CommCounter, op_name, tensors_in, local_tensor, state_bytes
 
 # FSDPMemTracker's category names -> the course's words (the same as lesson 1's table).
 CATEGORIES = {
@@ -231,9 +231,9 @@ class GroupCommCounter(CommCounter):
         self.groups: dict[str, dict[int, dict[str, int]]] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kind = _op_name(func) if func.namespace == "c10d" else None
+        kind = op_name(func) if func.namespace == "c10d" else None
         if kind in ("all_gather", "reduce_scatter"):
-            sizes = [sum(t.numel() * t.element_size() for t in _tensors(a)) for a in args[:2]]
+            sizes = [sum(t.numel() * t.element_size() for t in tensors_in(a)) for a in args[:2]]
             if min(sizes) > 0:
                 slot = self.groups.setdefault(kind, {}).setdefault(
                     round(max(sizes) / min(sizes)), {"calls": 0, "bytes": 0}

@@ -86,7 +86,9 @@ $name --launcher-help  this text (also: LAUNCH_HELP=1 $name)
 Environment variables:
   NPROC         processes on this node (default: number of GPUs, else 2 CPU ranks with gloo)
   NNODES        number of nodes (default 1); more than 1 needs MASTER_ADDR
-  NODE_RANK     this node's index, 0 .. NNODES-1 (default 0)
+  NODE_RANK     0 .. NNODES-1 (default 0), passed as --node-rank; torchrun uses it only with
+                static rendezvous: with c10d (what these launchers use) it warns, ignores it and
+                numbers the nodes itself (agents sorted by host name, then process id)
   MASTER_ADDR   address of node 0 (setting it switches to c10d rendezvous, even for one node)
   MASTER_PORT   rendezvous port on MASTER_ADDR (default 29500)
   RDZV_ID       rendezvous id shared by all nodes of one job (default fsdp-course)
@@ -95,7 +97,7 @@ Environment variables:
   COURSE_TIMEOUT_S  collective timeout inside the scripts (default 120): a hang fails instead
   COURSE_DEVICE     cpu: use CPU ranks with gloo even where there are GPUs
 
-Example, two nodes with 2 processes each (run on both, NODE_RANK=0 on the first):
+Example, two nodes with 2 processes each (run on both; which one becomes node 0 is torchrun's choice):
   NNODES=2 NODE_RANK=0 NPROC=2 MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 bash launch/$name
 EOF
 }

@@ -8,7 +8,7 @@ import pytest
 
 import quizzes
 from quizzes import bank as bankmod
-from quizzes import checks  # noqa: F401 - registers the demo checker (lessondemo, ex_square)
+import demo_checker  # noqa: F401 - registers the demo checker (lessondemo, ex_square)
 from quizzes.bank import QuizError
 from quizzes.exercise import exercise
 
@@ -22,7 +22,7 @@ def quiz_progress_file(tmp_path, monkeypatch):
 
 @pytest.fixture
 def quiz_demo_bank(tmp_path, monkeypatch):
-    """A one-exercise bank in a temporary folder, graded by quizzes.checks.check_square."""
+    """A one-exercise bank in a temporary folder, graded by demo_checker.check_square."""
     authoring = {"lesson": "lessondemo", "title": {"en": "Demo", "zh": "演示"}, "questions": [
         {"id": "ex_square", "type": "code", "prompt": {"en": "Write square(x).", "zh": "编写 square(x)。"},
          "secret": {}}]}

@@ -14,7 +14,8 @@ import pytest
 
 from helpers import REPO_ROOT, run_cmd
 
-LESSONS = range(6)
+# Every lesson launcher there is (lesson 9 and later included as they come), by number.
+LESSONS = sorted(int(p.stem[len("lesson"):]) for p in (REPO_ROOT / "launch").glob("lesson*.sh"))
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
@@ -41,6 +42,11 @@ def test_lesson_launcher_calls_run_lesson(n):
     assert "_common.sh" in text
     assert text.strip().splitlines()[-1] == f'run_lesson {n} "$@"'
     assert path.stat().st_mode & stat.S_IXUSR
+
+
+def test_every_lesson_folder_has_its_launcher():
+    folders = sorted(int(p.name[:2]) for p in (REPO_ROOT / "lessons").glob("[0-9][0-9]_*") if p.is_dir())
+    assert folders and LESSONS == folders
 
 
 def test_ci_run_calls_test_sh():
@@ -310,6 +316,17 @@ def test_bench_with_nothing_selected_writes_nothing(run_launcher):
     assert proc.returncode == 1
     assert "nothing to run" in proc.stderr
     assert sorted(p.name for p in REPO_ROOT.iterdir()) == before
+
+
+def test_readme_names_every_library_module():
+    """The README's map of the house names every module of the two wings (a new one too)."""
+    text = (REPO_ROOT / "README.md").read_text()
+    block = text[text.index("fsdp_course/           the training wing"):text.index("quizzes/               ")]
+    words = set(re.findall(r"[a-z_0-9]+", block))
+    for wing in ("fsdp_course", "course_lab"):
+        modules = {p.stem for p in (REPO_ROOT / wing).glob("*.py") if not p.stem.startswith("_")}
+        modules |= {p.name for p in (REPO_ROOT / wing).iterdir() if (p / "__init__.py").is_file()}
+        assert modules and modules <= words, (wing, sorted(modules - words))
 
 
 def test_readme_names_the_commands_and_launchers():

@@ -64,6 +64,15 @@ def test_ddp_all_reduces_every_gradient_once(ddp2):
     assert r["collectives"]["all_reduce"]["bytes"] == 4 * r["num_params"]
 
 
+def test_ddp_buckets_are_a_second_copy_of_every_gradient(ddp2, ddp1):
+    """Issue 22 item 17: DDP's buckets hold 4P beside the gradients (gradient_as_bucket_view
+    is False by default: no gradient is a view into them), so a rank holds 16P + 4P."""
+    for m in (ddp1, ddp2):  # whatever the world size
+        b = m["results"]["ddp_buckets"]
+        assert b["bytes"] == 4 * m["results"]["num_params"]
+        assert b["grads"] > 0 and b["grads_inside"] == 0
+
+
 def test_ddp_gradients_equal_single_process_and_loss_falls(ddp2):
     assert ddp2["results"]["grad_max_diff_vs_reference"] < 1e-6
     assert ddp2["results"]["loss_last"] < ddp2["results"]["loss_first"] - 0.3

@@ -6,7 +6,8 @@ step and ms/step times the others.
 
 The launches are the notebook's own (same flags, same NPROC): within one test run the notebook's
 test and these share them (tests/conftest.py). The 2-rank runs are one launch: the strategies,
-then --variants (sync_module_states, mixed precision, use_orig_params)."""
+then --variants (sync_module_states, mixed precision, use_orig_params, HYBRID_SHARD without a
+mesh)."""
 
 import importlib.util
 import math
@@ -24,13 +25,14 @@ from fsdp_course.theory import sharding
 
 REPO = Path(__file__).resolve().parents[1]
 STATE = ("params", "grads", "optimizer")
-SYNC, BF16, ORIG = ("FULL_SHARD + sync_module_states", "FULL_SHARD + bf16 mixed precision",
-                    "FULL_SHARD + use_orig_params")
+SYNC, BF16, ORIG, NO_MESH = ("FULL_SHARD + sync_module_states", "FULL_SHARD + bf16 mixed precision",
+                             "FULL_SHARD + use_orig_params", "HYBRID_SHARD + no device mesh")
 # The notebook's launches: (flags, NPROC).
 TWO_RANKS = (("--strategy", "FULL_SHARD,SHARD_GRAD_OP,NO_SHARD", "--steps", "3", "--variants",
               "strategy=FULL_SHARD,sync-module-states=true;"
               "strategy=FULL_SHARD,mixed-precision=true;"
-              "strategy=FULL_SHARD,use-orig-params=true,d-model=130,n-heads=2"), 2)
+              "strategy=FULL_SHARD,use-orig-params=true,d-model=130,n-heads=2;"
+              "strategy=HYBRID_SHARD,mesh=false"), 2)
 FOUR_RANKS = (("--strategy", "FULL_SHARD,HYBRID_SHARD", "--replicas", "2", "--steps", "3",
                "--log-every", "10"), 4)
 
@@ -172,6 +174,28 @@ def test_hybrid_shard_shards_within_a_group_and_all_reduces_across(n4):
         [h["loss"] for h in n4["FULL_SHARD"]["history"]], abs=1e-4)
 
 
+def test_hybrid_shard_without_a_mesh_shards_nothing_and_syncs_nothing(variants, n4, n2):
+    """Issue 22 item 13: without a mesh FSDP builds the shard group from the devices a node
+    counts (1 on CPU): a group of one rank, so it runs NO_SHARD there and all-reduces over that
+    group only. The replica group exists but carries nothing: the ranks' gradients and weights
+    differ, where the 2 x 2 mesh's replicas stay bitwise equal."""
+    run = variants[NO_MESH]
+    assert run["groups"]["shard_group"] == 1 and run["groups"]["replica_group"] == 2
+    assert run["ran_as"] == run["groups"]["ran_as"] == "NO_SHARD" and run["mesh"] is False
+    assert run["groups"]["grad_spread"] > 1e-3 and run["groups"]["weight_spread"] > 1e-3
+    assert state(run) == state(n2["NO_SHARD"])  # a full replica on every rank
+    # One all-reduce per unit, over a group of one rank: the bytes of NO_SHARD, sent nowhere.
+    assert {k: v["bytes"] for k, v in run["collectives"].items()} == \
+        theory.collective_bytes(run["unit_numels"], 2, "NO_SHARD")
+    # Divided by the replica count before a reduction that sums one rank: half a local gradient.
+    assert (run["divide_factors"]["pre"], run["divide_factors"]["post"]) == (2, 1)
+    local = run["grad_norms"]["torch_nn_utils_per_rank"]
+    assert local[0] != pytest.approx(local[1], rel=1e-3)
+    meshed = n4["HYBRID_SHARD"]["groups"]
+    assert (meshed["shard_group"], meshed["replica_group"], meshed["ran_as"]) == (2, 2, "HYBRID_SHARD")
+    assert meshed["grad_spread"] == 0 and meshed["weight_spread"] == 0
+
+
 def test_reduce_scatter_averages_with_torchs_divide_factors(m2, m4):
     from torch.distributed.algorithms._comm_hooks.default_hooks import DefaultState
 
@@ -201,7 +225,7 @@ def test_clip_grad_norm_torch_sees_the_shard_fsdp_the_whole(n2, n4):
 
 
 def test_figures_the_quiz_cites_as_measured_in_lesson_1_still_hold(n2):
-    # /work/notes/bank_changes_lesson1.md: q_clip_grad_norm and q_tiny_model_memory cite these.
+    # The lesson 1 bank's q_clip_grad_norm and q_tiny_model_memory cite these figures.
     fs, no_shard = n2["FULL_SHARD"], n2["NO_SHARD"]
     norms = fs["grad_norms"]
     assert [round(v, 2) for v in norms["torch_nn_utils_per_rank"]] == [3.64, 4.06]
@@ -222,7 +246,7 @@ def test_sync_module_states_is_refused_on_cpu_in_one_line_and_the_launch_goes_on
     assert proc.stdout.count(f"torch refused to wrap the model: {message}\n") == 1
     assert "Traceback" not in proc.stdout + proc.stderr
     labels = list(variants)  # the runs after the refusal trained
-    assert labels == [SYNC, BF16, ORIG] and all(variants[k]["history"] for k in (BF16, ORIG))
+    assert labels == [SYNC, BF16, ORIG, NO_MESH] and all(variants[k]["history"] for k in labels[1:])
 
 
 def test_use_orig_params_names_groups_and_alignment_padding(orig, n2):
@@ -267,7 +291,8 @@ def test_mixed_precision_halves_the_wire_not_the_state(mixed, n2):
 
 def test_exercise_covers_every_measured_run_including_hybrid_and_orig_params(m2, m4):
     cases = cases_from_metrics(m2, m4)
-    assert len(cases) == 3 + 2 + 2  # the refused sync_module_states run is not a case
+    assert len(cases) == 3 + 2 + 2  # not cases: the refused sync_module_states run, and the
+    # HYBRID_SHARD run without a mesh (FSDP ran it as NO_SHARD)
     assert {c["strategy"] for c in cases} == set(theory.STRATEGIES)
     assert any(c["use_orig_params"] for c in cases) and any(c["mixed_precision"] for c in cases)
     spec = importlib.util.spec_from_file_location("solution", "solutions/lesson1_predict_bytes.py")

@@ -25,7 +25,6 @@ from helpers import lesson_script
 from lesson_runs import launch, ok
 from fsdp_course import theory, wrapping
 from fsdp_course.model import Block
-from fsdp_course.timeline import held_peak
 from course_lab.exercises.lesson2 import (check_wrap_policy, policy_file, policy_source,
                                           staged_lm_module)
 
@@ -197,6 +196,7 @@ def test_prefetch_peaks_equal_theory_and_bytes_do_not_move(prefetch):
 
 
 def test_timeline_records_every_unit_and_its_peak(prefetch):
+    held_peak = lesson_script(2, "timeline").held_peak  # this lesson's module, as train.py imports it
     for name, run in prefetch.items():
         assert len(run["timeline"]) == 2, name  # one per rank
         for rank, events in enumerate(run["timeline"]):

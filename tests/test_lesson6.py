@@ -293,7 +293,8 @@ def test_precision_theory():
 
 
 def test_allreduce_batchnorm_converts_and_keeps_state():
-    from fsdp_course.norms import AllReduceBatchNorm, convert_allreduce_batchnorm
+    norms = lesson_script(6, "norms")  # this lesson's module, as its scripts import it
+    AllReduceBatchNorm, convert_allreduce_batchnorm = norms.AllReduceBatchNorm, norms.convert_allreduce_batchnorm
 
     bn = torch.nn.BatchNorm1d(4)
     bn.running_mean.fill_(1.5)

@@ -405,3 +405,60 @@ def test_a_launch_log_shows_its_command_as_a_shell_reads_it(capsys):
     assert summary.startswith("$ NPROC=2 bash launch/lesson2.sh --variants ")
     pasted = summary[2:summary.index("   (exit 0")]
     assert shlex.split(pasted) == ["NPROC=2", *command]
+
+
+def test_learner_code_is_loaded_one_way_with_one_line_errors(tmp_path):
+    """Issue 23 item 1: every lesson script loads a learner's file with fsdp_course.learner:
+    a missing file, a file that raises while it runs and a missing function are each one line
+    (a CourseError: the script exits 2), naming the flag and the function it needs."""
+    from fsdp_course.learner import load_learner
+
+    wanted = "evaluate(model, batch, env)"
+    with pytest.raises(CourseError) as missing:
+        load_learner(tmp_path / "none.py", "--eval-module", wanted)
+    assert str(missing.value) == f"--eval-module {tmp_path / 'none.py'}: no such file"
+    broken = tmp_path / "broken.py"
+    broken.write_text("import torch\nraise ValueError('first line\\nsecond line')\n")
+    with pytest.raises(CourseError) as raised:
+        load_learner(broken, "--eval-module", wanted)
+    assert str(raised.value) == f"--eval-module {broken}: ValueError: first line"
+    typo = tmp_path / "typo.py"
+    typo.write_text("def evaluate(model, batch, env)\n    return 0.0\n")
+    with pytest.raises(CourseError, match=r"typo.py: SyntaxError: "):
+        load_learner(typo, "--eval-module", wanted)
+    other = tmp_path / "other.py"
+    other.write_text("def evaluat(model, batch, env):\n    return 0.0\n")
+    with pytest.raises(CourseError) as absent:
+        load_learner(other, "--ckpt-module", "save(path, model, optimizer)", "load(path, model, optimizer)")
+    assert str(absent.value) == f"--ckpt-module {other}: defines no function save(path, model, optimizer)"
+    good = tmp_path / "good.py"
+    good.write_text("from dataclasses import dataclass\n\n@dataclass\nclass Box:\n    x: int = 1\n\n"
+                    "def save(path, model, optimizer):\n    return Box().x\n\nload = save\n")
+    module = load_learner(good, "--ckpt-module", "save(path, model, optimizer)", "load(path, model, optimizer)")
+    assert module.save(None, None, None) == module.load(None, None, None) == 1
+
+
+def test_a_cell_becomes_a_file_named_by_its_content(tmp_path, monkeypatch):
+    """course_lab.learner: the lab side. A cell's whole text (imports included) with the name the
+    script looks up bound at the end, saved under a name made from its content (the same cell
+    is the same file, so the same launch); the starter cell is told apart by its
+    NotImplementedError."""
+    from course_lab import learner
+    from fsdp_course.learner import load_learner
+
+    monkeypatch.setattr(learner, "FOLDER", tmp_path)
+    cell = tmp_path / "cell.py"
+    cell.write_text("import math\n\n\ndef my_eval(model, batch, env):\n    return math.pi\n\n\n"
+                    "def starter(model, batch, env):\n    raise NotImplementedError\n")
+    namespace = {}
+    exec(compile(cell.read_text(), str(cell), "exec"), namespace)
+    my_eval, starter = namespace["my_eval"], namespace["starter"]
+    assert learner.cell_source(my_eval) == cell.read_text()
+    assert learner.cell_source(my_eval, "evaluate").endswith("\n\nevaluate = my_eval\n")
+    assert learner.untouched(starter, 3) and not learner.untouched(my_eval, 3)
+    path = learner.save_cell(my_eval, "evaluate")
+    assert path.parent == tmp_path and path.name.startswith("evaluate_")
+    assert learner.save_cell(my_eval, "evaluate") == path  # the same cell: the same file
+    assert learner.learner_file("x = 1\n", "evaluate") != path
+    evaluate = load_learner(path, "--eval-module", "evaluate(model, batch, env)").evaluate
+    assert evaluate(None, None, None) == pytest.approx(3.14159265)

@@ -11,11 +11,12 @@ LIBRARY_ANSWERS = {"rank_state_bytes", "model_state_bytes", "unit_storage_numel"
 
 
 def cases_from_metrics(*metrics: dict) -> list[dict]:
-    """One case per measured run (``--variants`` runs included, runs torch refused to wrap left
-    out): what the run was (units, ranks, strategy, settings) and the bytes rank 0 measured."""
+    """One case per measured run (``--variants`` runs included; left out: runs torch refused to
+    wrap, and HYBRID_SHARD without a mesh, which FSDP ran as another strategy): what the run was
+    (units, ranks, strategy, settings) and the bytes rank 0 measured."""
     measured = [(m, run) for m in metrics for run in m["results"]["runs"]]
     measured += [(m, run) for m in metrics for run in m["results"].get("variants", [])
-                 if "refused" not in run]  # the strategies first, as the lesson met them
+                 if "refused" not in run and run.get("mesh", True)]  # the strategies first
     return [{"unit_param_numels": run["unit_param_numels"], "world_size": m["world_size"],
              "strategy": run["strategy"], "replicas": run.get("replicas", 1),
              "mixed_precision": run["mixed_precision"],

@@ -34,8 +34,8 @@ def staged_lm_module():
 
 
 def policy_file(source: str) -> Path:
-    """A file holding ``source``, named by its content (course_lab.notebook.learner_file)."""
-    from course_lab.notebook import learner_file
+    """A file holding ``source``, named by its content (course_lab.learner.learner_file)."""
+    from course_lab.learner import learner_file
 
     return learner_file(source, "policy")
 

@@ -108,8 +108,8 @@ def _dry_run(learner_fn, sizes=DRY_RUN_SIZES) -> str | None:
 
 
 def loop_file(source: str) -> Path:
-    """A file holding ``source``, named by its content (course_lab.notebook.learner_file)."""
-    from course_lab.notebook import learner_file
+    """A file holding ``source``, named by its content (course_lab.learner.learner_file)."""
+    from course_lab.learner import learner_file
 
     return learner_file(source, "accumulate")
 

@@ -14,36 +14,12 @@ frees (``theory.fsdp2.collective_bytes_theory`` with one ``reshard_after_forward
 
 from __future__ import annotations
 
-import hashlib
-import inspect
-import linecache
 import math
-import tempfile
-from pathlib import Path
 
+from course_lab.learner import save_cell, untouched
 from fsdp_course.theory.fsdp2 import collective_bytes_theory, local_shape
 
 from quizzes.exercise import exercise
-
-
-def _source(fn) -> str:
-    """The whole cell (or file) that defined ``fn``, so its imports come along."""
-    filename = fn.__code__.co_filename
-    lines = linecache.getlines(filename)
-    return "".join(lines) if lines else inspect.getsource(fn)
-
-
-def _untouched(fn) -> bool:
-    """The starter raises NotImplementedError before touching its arguments."""
-    if "NotImplementedError" not in _source(fn):
-        return False
-    try:
-        fn(None, None)
-    except NotImplementedError:
-        return True
-    except Exception:  # noqa: BLE001 - a real attempt fails on None arguments: run it for real
-        return False
-    return False
 
 
 def _run(metrics: dict, label: str) -> dict:
@@ -51,17 +27,6 @@ def _run(metrics: dict, label: str) -> dict:
         if run["label"] == label:
             return run
     raise ValueError(f"the metrics given as `main` hold no run {label!r} (the notebook's main launch)")
-
-
-def _learner_file(source: str) -> Path:
-    """The cell saved under a name made from its text: the same cell is the same launch (the
-    test suite runs a launch once; a learner re-running an unchanged cell is not charged twice)."""
-    source = source.strip() + "\n"  # a notebook cell and the same text in a file: one launch
-    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-    path = Path(tempfile.gettempdir()) / f"lesson5-shard-{digest}.py"
-    if not path.is_file() or path.read_text() != source:
-        path.write_text(source)
-    return path
 
 
 def unit_shapes(rows: list[dict], n_layers: int) -> list[list[list[int]]]:
@@ -81,11 +46,11 @@ def check_shard(shard, main: dict, nproc: int | None = None, tolerance: float = 
                 run=None) -> tuple[bool, str]:
     """``shard(model, mesh)`` must give per-block + root FSDP2 units with Shard(0) placements,
     classic FULL_SHARD's losses, the goal's all-gather bytes, and no higher gathered peak."""
-    if _untouched(shard):
+    if untouched(shard, 2):
         raise NotImplementedError
     classic, default = _run(main, "classic raf=default"), _run(main, "fsdp2 raf=default")
     cfg = default["config"]
-    args = ["--shard-module", str(_learner_file(_source(shard))), "--steps", str(cfg["steps"]),
+    args = ["--shard-module", str(save_cell(shard, "shard")), "--steps", str(cfg["steps"]),
             "--log-every", str(cfg["log_every"]), "--batch-size", str(cfg["batch_size"]),
             "--lr", str(cfg["lr"]), "--seed", str(cfg["seed"])]
     if run is None:

@@ -10,20 +10,13 @@ compares the trained model with one process trained on the global batch.
 
 from __future__ import annotations
 
-import inspect
-import linecache
 from pathlib import Path
 
+from course_lab.learner import cell_source, save_cell
 from quizzes.exercise import exercise
 
 REPO = Path(__file__).resolve().parents[2]
 MYSTERY = REPO / "lessons" / "06_silent_bugs" / "mystery_loop.py"
-
-
-def cell_source(fn) -> str:
-    """The whole cell (or file) that defined ``fn``, imports and helpers included."""
-    lines = linecache.getlines(fn.__code__.co_filename)
-    return "".join(lines) if lines else inspect.getsource(fn)
 
 
 def _normalised(source: str) -> list[str]:
@@ -39,11 +32,10 @@ def check_find_the_bug(train, nproc: int = 2, steps: int = 6, run=None) -> tuple
         # the loop exactly as given: not attempted yet
         raise NotImplementedError("the loop is still exactly as given: find the bug with inspect(), "
                                   "fix it in the cell, then run this check again")
-    from course_lab.notebook import learner_file, run_lesson
+    from course_lab.notebook import run_lesson
 
     run = run or run_lesson
-    # A cell's text and the same text in a file differ at most in blank lines at the ends.
-    path = learner_file(source.strip() + "\n", "lesson6_loop")
+    path = save_cell(train, "train")
     try:
         metrics = run(6, "--parts", "exercise", "--exercise", str(path), "--steps", str(steps),
                       nproc=nproc, echo=False)

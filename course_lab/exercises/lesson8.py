@@ -11,50 +11,10 @@ the whole global held-out batch from the same weights.
 
 from __future__ import annotations
 
-import hashlib
-import inspect
-import linecache
 import re
-import tempfile
-from pathlib import Path
 
+from course_lab.learner import save_cell, untouched
 from quizzes.exercise import exercise
-
-HEADER = '"""Written by course_lab.exercises.lesson8 from the notebook\'s exercise cell."""\n'
-
-
-def source_of(fn) -> str:
-    """The whole cell (or file) that defined ``fn``, so its imports come along."""
-    lines = linecache.getlines(fn.__code__.co_filename)
-    source = "".join(lines) if lines else inspect.getsource(fn)
-    if fn.__name__ != "evaluate":
-        source += f"\n\nevaluate = {fn.__name__}\n"
-    return source
-
-
-def untouched(fn) -> bool:
-    """The starter raises NotImplementedError before looking at its arguments."""
-    if "NotImplementedError" not in source_of(fn):
-        return False
-    try:
-        fn(None, None, None)
-    except NotImplementedError:
-        return True
-    except Exception:  # noqa: BLE001 - a real attempt fails on None arguments: run it for real
-        return False
-    return False
-
-
-def module_file(fn) -> Path:
-    """The learner's cell as a module, at a path named by its content (the same code is the
-    same launch, which the suite's launch cache then runs once)."""
-    source = HEADER + source_of(fn)
-    folder = Path(tempfile.gettempdir()) / "fsdp-course-lesson8"
-    folder.mkdir(exist_ok=True)
-    path = folder / f"evaluate_{hashlib.sha256(source.encode()).hexdigest()[:16]}.py"
-    if not path.is_file():
-        path.write_text(source)
-    return path
 
 
 def _what_failed(output: str) -> str:
@@ -69,12 +29,12 @@ def check_fix_the_job(evaluate, nproc: int = 2, steps: int = 4, timeout_s: int =
     global held-out loss (within ``tolerance``) on rank 0."""
     if not callable(evaluate):
         return False, "evaluate must be a function evaluate(model, batch, env)"
-    if untouched(evaluate):
+    if untouched(evaluate, 3):
         raise NotImplementedError
     if launch is None:
         from course_lab.notebook import launch_lesson as launch
     run = launch(8, "--steps", str(steps), "--log-every", str(steps),
-                 "--eval-module", str(module_file(evaluate)), nproc=nproc,
+                 "--eval-module", str(save_cell(evaluate, "evaluate")), nproc=nproc,
                  env={"COURSE_TIMEOUT_S": str(timeout_s)}, timeout=300)
     if run.returncode != 0 or run.metrics is None:
         return False, (f"the job still fails (exit {run.returncode}): {_what_failed(run.stdout)}. "

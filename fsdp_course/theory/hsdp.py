@@ -49,8 +49,11 @@ def flat_collective_bytes(group_shapes: list[list[list[int]]], nodes: int, ranks
                           reshard_after_forward: bool = True, root_reshards: bool = False,
                           param_bytes: int = 4, reduce_bytes: int = 4) -> dict:
     """The same model with plain ``fully_shard`` over all ``nodes * ranks_per_node`` ranks (a
-    1-D mesh): every group spans every node, so every byte is an inter-node byte when
-    ``nodes > 1``: about 2 P all-gathered + P reduce-scattered, all over the slow links.
+    1-D mesh): every group spans every node, so with ``nodes > 1`` every collective crosses the
+    slow links: about 2 P all-gathered + P reduce-scattered. Not every byte travels between
+    nodes (a ring over ranks numbered node by node has ``nodes`` of its ``world`` edges between
+    nodes), but every rank's share passes each edge in lockstep, so the slowest edge paces
+    the whole collective; the payload is counted under ``"inter"`` in that sense.
     """
     world = nodes * ranks_per_node
     payload = collective_bytes_theory(group_shapes, world, reshard_after_forward, root_reshards,

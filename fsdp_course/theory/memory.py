@@ -15,7 +15,9 @@ What a rank holds, by category:
     params, grads, optimizer   the sharded model state: lesson 1's ``model_state_bytes``
                                (classic FSDP), lesson 5's ``state_bytes_theory`` (FSDP2), or a
                                full replica (DDP): 4P + 4P + 8P = 16P with Adam, divided by N
-                               where the strategy shards it
+                               where the strategy shards it; DDP's all-reduce buckets are
+                               another 4P (a copy of every gradient) unless
+                               ``gradient_as_bucket_view=True`` makes the gradients views into them
     gathered                   unsharded parameters held at once (lesson 2's ``gathered_peaks``)
     activations                what the forward leaves alive for backward (below)
     working set                what backward computes with, one block at a time (below)
@@ -373,8 +375,9 @@ def plan(shape: GPTShape, batch: int, world_size: int, strategy: str = "FULL_SHA
          foreach: bool = True) -> dict:
     """Per-rank bytes by category, the three moments of a step, the peak, and the verdict.
 
-        live       params + optimizer + buffers (+ grads for DDP: its gradients are views
-                   into the all-reduce buckets, allocated once and kept)
+        live       params + optimizer + buffers (+ grads for DDP: its all-reduce buckets,
+                   4P allocated once and kept; the gradients are views into them only with
+                   ``gradient_as_bucket_view=True``, by default a second 4P beside them)
         forward    live + gathered(end of forward) + activations + the loss's transient
         backward   live + gathered(backward) + backward_bytes(...) + working set
         optimizer  params + grads + optimizer + the step's temporaries

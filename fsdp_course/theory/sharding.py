@@ -59,7 +59,8 @@ def model_state_bytes(unit_numels: list[int], world_size: int, strategy: str,
 
     FULL_SHARD and SHARD_GRAD_OP both shard all three (ZeRO-3 and ZeRO-2 differ in what they
     keep *during* forward/backward, not in the sharded state): about 16 P / N with Adam.
-    NO_SHARD (and DDP) keep all three in full on every rank: 16 P. Mixed precision does not
+    NO_SHARD (and DDP) keep all three in full on every rank: 16 P (DDP's gradient buckets, 4 P
+    more unless ``gradient_as_bucket_view=True``, are not model state). Mixed precision does not
     change these: the sharded master copy, its gradient and Adam's state stay fp32.
     """
     shards = 1 if world_size == 1 else shard_group_size(strategy, world_size, replicas)
@@ -70,7 +71,9 @@ def model_state_bytes(unit_numels: list[int], world_size: int, strategy: str,
 
 def ddp_state_bytes(num_params: int, param_bytes: int = 4,
                     optim_slots: int = ADAM_STATE_SLOTS) -> dict:
-    """DDP: a full replica on every rank, whatever the world size: 4P + 4P + 8P = 16 P bytes."""
+    """DDP: a full replica on every rank, whatever the world size: 4P + 4P + 8P = 16 P bytes of
+    model state. Its all-reduce buckets come on top (4 P, a copy of every gradient, kept between
+    steps), unless ``DDP(gradient_as_bucket_view=True)`` makes the gradients views into them."""
     return {"params": num_params * param_bytes, "grads": num_params * param_bytes,
             "optimizer": optim_slots * num_params * param_bytes}
 

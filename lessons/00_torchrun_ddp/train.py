@@ -80,6 +80,7 @@ def main() -> None:
             measured = state_bytes(model, optimizer)
             if step == 0:
                 grad_diff = check_against_reference(model, reference, data, cfg, env)
+                buckets = comm.ddp_bucket_memory(model)  # DDP's second copy of the gradients
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             ms = (time.perf_counter() - start) * 1e3
@@ -99,11 +100,14 @@ def main() -> None:
         env.print0(table([{"collective": k, "calls": v["calls"], "bytes": v["bytes"],
                            "theory": comm_expected.get(k, 0)} for k, v in comm.summary().items()]
                          or [{"collective": "(none: one rank has nobody to talk to)"}]))
+        env.print0(f"DDP's gradient buckets: {buckets['bytes']:,} bytes beside the gradients "
+                   f"({buckets['grads_inside']} of {buckets['grads']} gradients inside them; "
+                   "gradient_as_bucket_view=True would put them all there)")
         results = {
             "torchrun_env": everyone, "num_params": count, "timeouts": timeouts,
             "bytes": measured, "bytes_theory": expected,
             "collectives": comm.summary(), "collectives_theory": comm_expected,
-            "grad_max_diff_vs_reference": grad_diff,
+            "grad_max_diff_vs_reference": grad_diff, "ddp_buckets": buckets,
             "ms_per_step": statistics.median(row["ms"] for row in logger.history),
             "loss_first": logger.history[0]["loss"], "loss_last": logger.history[-1]["loss"],
         }

@@ -4,6 +4,7 @@ optimizer's parameter groups, where each rank's shards lie, and the tables rank 
 from __future__ import annotations
 
 
+import torch
 import torch.distributed as dist
 
 from fsdp_course import theory
@@ -15,13 +16,14 @@ from fsdp_course.report import table
 WEIGHT_DECAY = 0.01  # AdamW's default, kept for the weight matrices
 
 
-def parse_strategies(text: str, world_size: int, replicas: int) -> list[str]:
-    """``--strategy FULL_SHARD,NO_SHARD`` -> ["FULL_SHARD", "NO_SHARD"]; bad input is one line."""
+def parse_strategies(text: str, world_size: int, replicas: int, mesh: bool = True) -> list[str]:
+    """``--strategy FULL_SHARD,NO_SHARD`` -> ["FULL_SHARD", "NO_SHARD"]; bad input is one line.
+    ``--replicas`` shapes HYBRID_SHARD's mesh; without a mesh FSDP picks the groups itself."""
     strategies = [s.strip().upper() for s in text.split(",") if s.strip()]
     for strategy in strategies:
         if strategy not in theory.STRATEGIES:
             raise CourseError(f"--strategy {strategy}: choose from {', '.join(theory.STRATEGIES)}")
-        if strategy == "HYBRID_SHARD" and (world_size % replicas or world_size == replicas):
+        if strategy == "HYBRID_SHARD" and mesh and (world_size % replicas or world_size == replicas):
             raise CourseError(f"HYBRID_SHARD: {world_size} ranks do not split into "
                               f"--replicas {replicas} groups of 2 or more (try NPROC=4)")
     return strategies
@@ -36,14 +38,16 @@ def variant_configs(cfg, world_size: int) -> list[tuple]:
             variant = with_variant(cfg, changes)
         except ValueError as exc:
             raise CourseError(str(exc)) from None
-        runs += [(variant, s) for s in parse_strategies(variant.strategy, world_size, variant.replicas)]
+        runs += [(variant, s) for s in parse_strategies(variant.strategy, world_size, variant.replicas,
+                                                        variant.mesh)]
     return runs
 
 
 def run_label(cfg, strategy: str) -> str:
     """``FULL_SHARD + bf16 mixed precision``: the strategy and the options the run changes."""
     options = [("bf16 mixed precision", cfg.mixed_precision), ("use_orig_params", cfg.use_orig_params),
-               ("sync_module_states", cfg.sync_module_states)]
+               ("sync_module_states", cfg.sync_module_states),
+               ("no device mesh", strategy == "HYBRID_SHARD" and not cfg.mesh)]
     return " + ".join([strategy] + [name for name, on in options if on])
 
 
@@ -85,8 +89,27 @@ def shard_layout(model, world_size: int) -> list[list[dict]]:
     return everyone
 
 
+def replica_spread(model, what: str) -> float:
+    """HYBRID_SHARD: the largest difference between rank 0's flat shards (``what``: their
+    ``"grad"`` or the weights) and those of the ranks meant to hold a copy of the same shard,
+    FSDP's replica group (``_inter_node_pg``). 0 when the replicas are kept in sync."""
+    flats = fsdp_flat_params(model)
+    mine = torch.cat([(fp.grad if what == "grad" else fp).detach().reshape(-1) for fp in flats])
+    group = model._inter_node_pg
+    copies = [torch.empty_like(mine) for _ in range(group.size())]
+    dist.all_gather(copies, mine, group=group)
+    return max((copy - copies[0]).abs().max().item() for copy in copies)
+
+
+def hybrid_groups(model, ran: str, grad_spread: float) -> dict:
+    """What FSDP built for HYBRID_SHARD: its shard and replica groups, the strategy it runs, and
+    how far the replicas' gradients (step 0) and weights (now) are apart."""
+    return {"shard_group": model.process_group.size(), "replica_group": model._inter_node_pg.size(),
+            "ran_as": ran, "grad_spread": grad_spread, "weight_spread": replica_spread(model, "weights")}
+
+
 def print_report(env, watched: int, measured: dict, expected: dict, comm: dict, comm_expected: dict,
-                 param_bytes: int, norms: dict, factors: dict) -> None:
+                 param_bytes: int, norms: dict, factors: dict, groups: dict | None = None) -> None:
     """Rank 0's tables: bytes per category and per collective, measured next to the theory."""
     env.print0(f"\nper-rank bytes in step {watched}, rank 0 (theory: fsdp_course.theory):")
     env.print0(table([{"category": k, "measured": v, "theory": expected.get(k, "-"),
@@ -102,3 +125,8 @@ def print_report(env, watched: int, measured: dict, expected: dict, comm: dict, 
                f"torch.nn.utils.clip_grad_norm_ per rank {[round(n, 4) for n in norms['torch_nn_utils_per_rank']]}"
                f" | FSDP.clip_grad_norm_ {norms['fsdp']:.4f} | one process, global batch "
                f"{norms['single_process']:.4f}")
+    if groups:
+        env.print0(f"HYBRID_SHARD's groups: shard group {groups['shard_group']} rank(s), replica group "
+                   f"{groups['replica_group']}; FSDP runs {groups['ran_as']}; the replicas differ by up "
+                   f"to {groups['grad_spread']:.3g} in a gradient (step 0) and {groups['weight_spread']:.3g} "
+                   "in a weight (last step)")

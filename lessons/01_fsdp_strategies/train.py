@@ -13,6 +13,7 @@ same launch (one torch start-up for all).
     bash launch/lesson1.sh --strategy SHARD_GRAD_OP --metrics runs/sgo.json
     bash launch/lesson1.sh --strategy FULL_SHARD,SHARD_GRAD_OP,NO_SHARD   # one after another
     NPROC=4 bash launch/lesson1.sh --strategy HYBRID_SHARD --replicas 2   # a 2 x 2 mesh
+    bash launch/lesson1.sh --strategy HYBRID_SHARD --no-mesh   # FSDP's own groups: read what it ran
     bash launch/lesson1.sh --use-orig-params --d-model 130 --n-heads 2    # alignment padding
     bash launch/lesson1.sh --sync-module-states      # on CPU ranks torch refuses: read why
     bash launch/lesson1.sh --variants "mixed-precision=true;use-orig-params=true,d-model=130,n-heads=2"
@@ -40,8 +41,8 @@ from fsdp_course.measure import (MiB, CommCounter, GatheredParamTracker, activat
                                  flat_state_bytes)
 from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import MetricLogger, unwatched_ms, write_metrics
-from strategy_report import (decay_groups, describe_parameters, parse_strategies,
-                             print_report, refused_run, run_label, shard_layout,
+from strategy_report import (decay_groups, describe_parameters, hybrid_groups, parse_strategies,
+                             print_report, refused_run, replica_spread, run_label, shard_layout,
                              variant_configs)
 
 
@@ -50,6 +51,8 @@ class Config(TrainConfig):
     strategy: str = field(default="FULL_SHARD", metadata={
         "help": f"one of {', '.join(theory.STRATEGIES)}, or several separated by commas"})
     replicas: int = field(default=2, metadata={"help": "HYBRID_SHARD: replica groups (mesh rows)"})
+    mesh: bool = field(default=True, metadata={
+        "help": "HYBRID_SHARD: pass a device mesh; --no-mesh lets FSDP build its groups per node"})
     mixed_precision: bool = field(default=False, metadata={
         "help": "compute and communicate in bf16; the sharded master weights stay fp32"})
     use_orig_params: bool = field(default=False, metadata={
@@ -64,7 +67,7 @@ class Config(TrainConfig):
 def train(cfg: Config, strategy: str, env, data) -> dict:
     """Wrap a fresh model with ``strategy``, train it, return what was measured."""
     mesh = None
-    if strategy == "HYBRID_SHARD":
+    if strategy == "HYBRID_SHARD" and cfg.mesh:
         # Without a mesh FSDP sizes a "node" by the devices it counts per node, and a CPU-only
         # machine counts 1: every shard group would be a single rank. Say the shape instead.
         mesh = init_device_mesh(env.device.type, (cfg.replicas, env.world_size // cfg.replicas),
@@ -98,6 +101,8 @@ def train(cfg: Config, strategy: str, env, data) -> dict:
         # no collective is left half-done, so the launch goes on with its next run.
         return refused_run(env, cfg, strategy, exc)
 
+    ran = model.sharding_strategy.name  # what FSDP runs, which a group of one rank changes
+
     # --- optimizer: built after wrapping, so it holds the sharded parameters ----------------
     optimizer = torch.optim.AdamW(decay_groups(model), lr=cfg.lr)
 
@@ -119,6 +124,7 @@ def train(cfg: Config, strategy: str, env, data) -> dict:
                             activations=activations["bytes"])
             collectives = comm.summary()
         if step == 0:  # not part of a training step (step 0 is left out of ms/step)
+            grad_spread = replica_spread(model, "grad") if strategy == "HYBRID_SHARD" else None
             norms = grad_norms(model, reference, data, cfg, env)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -129,24 +135,26 @@ def train(cfg: Config, strategy: str, env, data) -> dict:
     # --- report: measured next to theory --------------------------------------------------
     wire_bytes = 2 if cfg.mixed_precision else 4
     unit_numels = [sum(u) for u in unit_param_numels]
-    flat_numels = theory.sharding.unit_flat_numels(unit_param_numels, env.world_size, strategy,
+    flat_numels = theory.sharding.unit_flat_numels(unit_param_numels, env.world_size, ran,
                                                    cfg.replicas, cfg.use_orig_params, wire_bytes)
-    expected = theory.sharding.rank_state_bytes(unit_param_numels, env.world_size, strategy,
+    expected = theory.sharding.rank_state_bytes(unit_param_numels, env.world_size, ran,
                                                 cfg.replicas, env.rank, cfg.use_orig_params,
                                                 compute_bytes=wire_bytes)
-    expected["gathered"] = theory.gathered_peak_bytes(flat_numels, env.world_size, strategy,
+    expected["gathered"] = theory.gathered_peak_bytes(flat_numels, env.world_size, ran,
                                                       cfg.replicas, param_bytes=wire_bytes)
-    comm_expected = theory.collective_bytes(flat_numels, env.world_size, strategy, cfg.replicas,
+    comm_expected = theory.collective_bytes(flat_numels, env.world_size, ran, cfg.replicas,
                                             param_bytes=wire_bytes, reduce_bytes=wire_bytes)
     per_rank = [None] * env.world_size
     dist.all_gather_object(per_rank, measured)  # ranks differ by where the padding falls
     factors = {"pre": model._gradient_predivide_factor, "post": model._gradient_postdivide_factor}
+    groups = hybrid_groups(model, ran, grad_spread) if strategy == "HYBRID_SHARD" else None
     print_report(env, watched, measured, expected, collectives, comm_expected, 4 * sum(unit_numels),
-                 norms, factors)
+                 norms, factors, groups)
     return {
         "strategy": strategy, "label": run_label(cfg, strategy), "d_model": cfg.d_model,
         "mixed_precision": cfg.mixed_precision, "sync_module_states": cfg.sync_module_states,
-        "use_orig_params": cfg.use_orig_params, "replicas": cfg.replicas,
+        "use_orig_params": cfg.use_orig_params, "replicas": cfg.replicas, "mesh": cfg.mesh,
+        "ran_as": ran, "groups": groups,
         "num_params": sum(unit_numels), "unit_numels": unit_numels,
         "unit_param_numels": unit_param_numels, "shard_layout": shard_layout(model, env.world_size),
         "bytes": measured, "bytes_theory": expected, "bytes_per_rank": per_rank,
@@ -179,7 +187,7 @@ def main() -> None:
     cfg = parse_config(Config, __doc__)
     with distributed(seed=cfg.seed) as env:
         # --- setup ---------------------------------------------------------------------------
-        strategies = parse_strategies(cfg.strategy, env.world_size, cfg.replicas)
+        strategies = parse_strategies(cfg.strategy, env.world_size, cfg.replicas, cfg.mesh)
         variants = variant_configs(cfg, env.world_size)  # checked before anything runs
         env.print0(f"lesson 1 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
         if "NO_SHARD" in strategies + [s for _, s in variants]:  # torch warns at every unit: say it once

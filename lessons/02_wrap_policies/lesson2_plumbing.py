@@ -10,11 +10,10 @@ error (exit 2).
 from __future__ import annotations
 
 import argparse
-import runpy
-from pathlib import Path
 
 from fsdp_course.config import with_variant
 from fsdp_course.dist import CourseError
+from fsdp_course.learner import load_learner
 from fsdp_course.measure import MiB
 from fsdp_course.report import table, unwatched_ms
 
@@ -79,13 +78,7 @@ def load_policy(path: str | None, wraps):
         return None
     if "custom" not in wraps:
         raise CourseError("--policy-file is used by --wrap custom; add custom to --wrap")
-    if not Path(path).is_file():
-        raise CourseError(f"--policy-file {path}: no such file")
-    policy = runpy.run_path(path).get("policy")
-    if not callable(policy):
-        raise CourseError(f"--policy-file {path} defines no function "
-                          "policy(module, recurse, nonwrapped_numel)")
-    return policy
+    return load_learner(path, "--policy-file", "policy(module, recurse, nonwrapped_numel)").policy
 
 
 def step_time(history: list[dict], watched: int) -> dict:

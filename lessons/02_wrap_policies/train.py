@@ -42,10 +42,10 @@ from fsdp_course.dist import distributed, mean_over_ranks
 from fsdp_course.measure import MiB, CommCounter, GatheredParamTracker, activation_bytes, state_bytes
 from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import MetricLogger, write_metrics
-from fsdp_course.timeline import StepTimeline
 from lesson2_plumbing import (Prefetches, Wraps, load_policy, print_report, print_units, run_plan,
                               step_time)
 from staged_lm import staged_lm
+from timeline import StepTimeline
 
 # When FSDP gathers each unit (--prefetch). FSDP's defaults: BACKWARD_PRE, no forward
 # prefetch, limit_all_gathers=True.

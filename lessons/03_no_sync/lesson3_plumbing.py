@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import itertools
 
 from fsdp_course.config import with_variant
@@ -123,20 +122,6 @@ def combinations(cfg) -> list[tuple]:
     if not runs:
         raise CourseError("--last-batch-size: a short last micro-batch runs with --no-sync on and no --bug")
     return runs
-
-
-def load_loop(path: str):
-    """``accumulate`` from a learner's ``--loop-file``."""
-    spec = importlib.util.spec_from_file_location("learner_loop", path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except FileNotFoundError:
-        raise CourseError(f"--loop-file {path}: no such file") from None
-    if not callable(getattr(module, "accumulate", None)):
-        raise CourseError(f"--loop-file {path}: defines no function "
-                          "accumulate(model, micro_batches, loss_fn)")
-    return module.accumulate
 
 
 def print_header(env, api: str, sizes: list[int], no_sync: bool, bug: str, loop_file: str | None) -> None:

@@ -26,14 +26,16 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
-from fsdp_course import accumulation, theory
+from fsdp_course import theory
 from fsdp_course.config import TrainConfig, describe, parse_config, parse_variants
 from fsdp_course.data import load_data
 from fsdp_course.dist import distributed, mean_over_ranks
+from fsdp_course.learner import load_learner
 from fsdp_course.measure import MiB, CommCounter, state_bytes
 from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import MetricLogger, unwatched_ms, write_metrics
-from lesson3_plumbing import (VARIANTS_HELP, Apis, Bugs, Counts, Sizes, Switches, load_loop, planned_runs,
+import accumulation  # this lesson's measurements: bytes held, the one-big-batch reference
+from lesson3_plumbing import (VARIANTS_HELP, Apis, Bugs, Counts, Sizes, Switches, planned_runs,
                               print_check, print_header, print_summary)
 
 
@@ -180,7 +182,8 @@ def main() -> None:
     with distributed(seed=cfg.seed) as env:
         # --- setup ---------------------------------------------------------------------------
         plan = planned_runs(cfg)  # every run's flags, checked first: a bad one is one line, exit 2
-        learner = load_loop(cfg.loop_file) if cfg.loop_file else None
+        learner = load_learner(cfg.loop_file, "--loop-file", "accumulate(model, micro_batches, loss_fn)"
+                               ).accumulate if cfg.loop_file else None
         env.print0(f"lesson 3 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
         data = load_data(cfg.data, seed=cfg.seed)
         # FSDP2 warns that the model returns a view; lm_loss never modifies it in place.

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from fsdp_course import checkpoint as ckpt
 from fsdp_course.dist import CourseError
+from fsdp_course.learner import load_learner
 from fsdp_course.report import write_json_atomic
 
 DEMOS = ("torch-save", "types", "rng")
@@ -33,7 +34,8 @@ def periodic_checkpoints(cfg) -> bool:
 def checkpoint_functions(cfg, save_checkpoint, load_checkpoint, env):
     """(save, load): the script's own, or the ones a --ckpt-module file defines (the exercise)."""
     if cfg.ckpt_module:
-        module = ckpt.load_module(cfg.ckpt_module)
+        module = load_learner(cfg.ckpt_module, "--ckpt-module", "save(path, model, optimizer)",
+                              "load(path, model, optimizer)")
         return module.save, module.load
     return functools.partial(save_checkpoint, step=cfg.steps, env=env), load_checkpoint
 

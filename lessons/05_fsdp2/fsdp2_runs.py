@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import importlib.util
 import logging
 import re
 import statistics
@@ -146,21 +145,6 @@ def validate(cfg, world_size: int) -> None:
         raise ValueError("--grad-accum and --steps must be >= 1, --prefetch >= 0")
     if cfg.fullgraph and cfg.compile == "none":
         raise ValueError("--fullgraph needs --compile")
-
-
-def load_shard_fn(path: str):
-    """``shard(model, mesh)`` from the Python file at ``path`` (the exercise's entry point);
-    a CourseError (one line, exit 2) when there is none."""
-    file = Path(path)
-    if not file.is_file():
-        raise CourseError(f"--shard-module {path}: no such file")
-    spec = importlib.util.spec_from_file_location("learner_shard", file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    shard = getattr(module, "shard", None)
-    if not callable(shard):
-        raise CourseError(f"--shard-module {path}: defines no function shard(model, mesh)")
-    return shard
 
 
 # --- what the runs say ---------------------------------------------------------------------------

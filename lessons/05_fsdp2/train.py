@@ -29,6 +29,7 @@ import fsdp2_runs as runs  # this lesson's plumbing: variants, checks, tables
 from fsdp_course.config import TrainConfig, describe, parse_config
 from fsdp_course.data import load_data
 from fsdp_course.dist import distributed, mean_over_ranks
+from fsdp_course.learner import load_learner
 from fsdp_course.measure import MiB
 from fsdp_course.measure_fsdp2 import GroupCommCounter, MemoryProbe, resharding
 from fsdp_course.model import GPT, Block, lm_loss
@@ -183,7 +184,8 @@ def main() -> None:
         # --- setup ---------------------------------------------------------------------------
         runs.silence_known_warnings()
         variants = runs.checked_variants(cfg, env.world_size)  # a bad flag: one line, exit 2
-        shard_fn = runs.load_shard_fn(cfg.shard_module) if cfg.shard_module else None
+        shard_fn = load_learner(cfg.shard_module, "--shard-module", "shard(model, mesh)").shard \
+            if cfg.shard_module else None
         env.print0(f"lesson 5 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
         data = load_data(cfg.data, seed=cfg.seed)
         # A 1-D mesh over all ranks: parameters become DTensors with placements (Shard(0),).

@@ -7,10 +7,6 @@ rate of ``mystery_loop.py`` as it was meant to be: the same seed, the same data.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 
@@ -22,22 +18,6 @@ from part_init import full_state, max_diff
 
 BATCH = 8  # samples per rank per step
 TOLERANCE = 1e-4  # fp32 on both sides: equal up to rounding, which Adam amplifies a little
-
-
-def load(path) -> object:
-    """The learner's module, or one line that says why it cannot be used."""
-    path = Path(path)
-    if not path.is_file():
-        raise CourseError(f"--exercise {path}: no such file")
-    spec = importlib.util.spec_from_file_location("learner_loop", path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - the learner's code: one line, not a traceback
-        raise CourseError(f"--exercise {path.name}: {type(exc).__name__}: {exc}") from None
-    if not callable(getattr(module, "train", None)):
-        raise CourseError(f"--exercise {path.name}: defines no train(env, batches, steps, seed, inspect)")
-    return module
 
 
 def inspector(env, findings: list):

@@ -22,9 +22,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from fsdp_course.dist import mean_over_ranks
 from fsdp_course.measure import local_tensor
-from fsdp_course.norms import convert_allreduce_batchnorm
 from fsdp_course.report import table
 from nets import NormNet, blobs
+from norms import convert_allreduce_batchnorm
 
 BN_VARIANTS = ("batchnorm", "ddp", "syncbn", "allreduce-bn", "layernorm", "groupnorm")
 BUGS = ("batchnorm", "ddp")
@@ -95,7 +95,7 @@ def build(variant: str, cfg, env) -> nn.Module:
     model = NormNet(NORM_OF[variant]).to(env.device)
     if variant == "syncbn":      # GPUs: all-gathers mean/var/count in forward (CPU: refused)
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    if variant == "allreduce-bn":  # the same idea in a few lines: fsdp_course/norms.py
+    if variant == "allreduce-bn":  # the same idea in a few lines: norms.py
         model = convert_allreduce_batchnorm(model)
     if variant == "ddp":  # for contrast: DDP broadcasts rank 0's buffers before every forward
         return DDP(model)

@@ -26,6 +26,7 @@ import exercise_run
 from fsdp_course.config import TrainConfig, describe, list_help, names_from, parse_config
 from fsdp_course.data import load_data
 from fsdp_course.dist import CourseError, distributed
+from fsdp_course.learner import load_learner
 from fsdp_course.report import table, write_metrics
 
 PARTS = ("init", "batchnorm", "precision", "exercise")
@@ -75,7 +76,8 @@ def main() -> None:
         specs = [part_precision.parse_spec(s) for s in cfg.precision] if "precision" in cfg.parts else []
         if specs and cfg.global_batch % env.world_size:
             raise CourseError(f"--global-batch {cfg.global_batch} does not split over {env.world_size} ranks")
-        loop = exercise_run.load(cfg.exercise or HERE / "mystery_loop.py") if "exercise" in cfg.parts else None
+        loop = load_learner(cfg.exercise or HERE / "mystery_loop.py", "--exercise",
+                            "train(env, batches, steps, seed, inspect)") if "exercise" in cfg.parts else None
         env.print0(f"lesson 6 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
         results = {}
 

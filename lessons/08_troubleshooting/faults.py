@@ -103,23 +103,6 @@ def say_rank(rank: int, line: str) -> None:
 EVAL_SEED_OFFSET = 100_000  # held-out batches: steps no training batch ever uses
 
 
-def load_evaluate(path: str):
-    """``evaluate(model, batch, env) -> float`` from a learner's file (``--eval-module``)."""
-    import importlib.util
-
-    from fsdp_course.dist import CourseError
-
-    file = Path(path)
-    if not file.is_file():
-        raise CourseError(f"--eval-module {path}: no such file")
-    spec = importlib.util.spec_from_file_location(f"eval_module_{file.stem}", file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not callable(getattr(module, "evaluate", None)):
-        raise CourseError(f"--eval-module {path}: define evaluate(model, batch, env)")
-    return module.evaluate
-
-
 def eval_batch(data, step: int, rank: int, world_size: int, cfg):
     """This rank's rows of the held-out batch after ``step`` (all ranks' rows: the global one)."""
     return data.batch(EVAL_SEED_OFFSET + step, rank, world_size, cfg.batch_size, cfg.seq_len)

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from fsdp_course.measure import CommCounter, _op_name, _payload_bytes
+from fsdp_course.measure import CommCounter, op_name, payload_bytes
 from fsdp_course.model import lm_loss
 
 
@@ -103,7 +103,7 @@ class ScopedCommCounter(CommCounter):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.name().split("::")[-1].split(".")[0]
         if func.namespace == "c10d" and name not in ("wait", "barrier", "monitored_barrier"):
-            self._file(_op_name(func), _payload_bytes(_op_name(func), args), args)
+            self._file(op_name(func), payload_bytes(op_name(func), args), args)
         elif func.namespace == "_c10d_functional" and name in FUNCTIONAL:
             kind, tensor = FUNCTIONAL[name], args[0]
             size = tensor.numel() * tensor.element_size()

@@ -41,6 +41,7 @@ from fsdp_course import checkpoint as ckpt  # noqa: E402
 from fsdp_course.config import TrainConfig, describe, parse_config  # noqa: E402
 from fsdp_course.data import load_data  # noqa: E402
 from fsdp_course.dist import distributed, mean_over_ranks  # noqa: E402
+from fsdp_course.learner import load_learner  # noqa: E402
 from fsdp_course.measure import MiB, state_bytes  # noqa: E402
 from fsdp_course.model import GPT, lm_loss  # noqa: E402
 from fsdp_course.report import MetricLogger, write_metrics  # noqa: E402
@@ -166,7 +167,8 @@ def run(cfg, env):
     results["grad_check"] = scale.grad_check(model, data, cfg, env, start)
     if cfg.memory_limit_mib:
         results["memory_limit"] = faults.limit_memory(cfg.memory_limit_mib, env.device)
-    evaluate = faults.load_evaluate(cfg.eval_module) if cfg.eval_module else None
+    evaluate = load_learner(cfg.eval_module, "--eval-module", "evaluate(model, batch, env)").evaluate \
+        if cfg.eval_module else None
     eval_value = train(cfg, env, data, model, optimizer, start, counter, logger, evaluate=evaluate,
                        restart=restart)
     dist.barrier()  # every rank has finished training before the report

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fsdp_course.measure import _op_name, _tensors
+from fsdp_course.measure import op_name, tensors_in
 from fsdp_course.wrapping import unit_name
 
 STEP = "(step)"
@@ -108,7 +108,7 @@ class StepTimeline(TorchDispatchMode):
 
     def _on_forward_output(self, unit: str, output) -> None:
         self._pop(unit)
-        for tensor in _tensors(output):  # backward reaches this unit when its output's grad does
+        for tensor in tensors_in(output):  # backward reaches this unit when its output's grad does
             if tensor.requires_grad:
                 tensor.register_hook(lambda grad, unit=unit: self._push(unit, "backward"))
 
@@ -119,7 +119,7 @@ class StepTimeline(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self._poll()
         if func.namespace == "c10d" and func.name().split("::")[-1] not in ("wait", "barrier"):
-            kind = _op_name(func)
+            kind = op_name(func)
             if self._stack:  # computing pauses while the rank waits for the collective
                 self._close(self._stack[-1][2])
             self._open_collective = self._event(self._collective_unit(kind, args), kind)
@@ -131,7 +131,7 @@ class StepTimeline(TorchDispatchMode):
     def _collective_unit(self, kind: str, args) -> str:
         if kind == "reduce_scatter":
             return self._last_grad_ready or "?"
-        pointers = {t.untyped_storage().data_ptr() for t in _tensors(list(args))}
+        pointers = {t.untyped_storage().data_ptr() for t in tensors_in(list(args))}
         for unit, module in self.units.items():
             buffer = getattr(module._handle.flat_param, "_full_param_padded", None)
             if buffer is not None and buffer.untyped_storage().data_ptr() in pointers:

@@ -1,10 +1,10 @@
-"""A tiny checker used by the engine's own tests and as a template for real ones.
+"""A tiny checker for the quiz engine's own tests (tests/test_exercises.py), and a template.
 
 A checker is called as checker(learner_fn, **context) and returns (passed, message). It lets
 NotImplementedError from the learner's function propagate: that is how "not attempted yet" is
 detected. The course's real checkers live with the notebooks, in course_lab/exercises/.
 """
-from .exercise import exercise
+from quizzes.exercise import exercise
 
 
 @exercise("lessondemo", "ex_square")
