@@ -197,7 +197,7 @@ def show_table(rows: list[dict], columns: list[str] | None = None) -> None:
         return
     from IPython.display import HTML, display
     columns = columns or list(rows[0])
-    head = "".join(f"<th>{c}</th>" for c in columns)
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
     body = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c, ''))}</td>" for c in columns) + "</tr>"
                    for r in rows)
     display(HTML(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"))
@@ -208,7 +208,7 @@ def _cell(value) -> str:
         return f"{value:.4g}"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
-    return str(value)
+    return html.escape(str(value))  # text such as reshard_after_forward=<int> is not markup
 
 
 def mib(num_bytes: float) -> float:

@@ -132,14 +132,22 @@ def test_batchnorm_buffers_and_classic_mixed_precision(main_run):
     assert rows["layers.0.0.weight"]["class"] == "DTensor" and rows["layers.0.0.weight"]["local shape"] == [64, 32]
     for name in ("layers.0.1.running_mean", "layers.0.1.running_var"):
         assert rows[name]["class"] == "Tensor" and rows[name]["local shape"] == [128]  # not sharded
-    mp = {(r["auto_wrap_policy"], r["module"]): r for r in results["batchnorm"]["classic_mixed_precision"]}
-    assert mp[("ModuleWrapPolicy", "layers.0.1")]["weight dtype in forward"] == "float32"
-    assert mp[("ModuleWrapPolicy", "layers.0.1")]["running_mean"] == "float32"
-    assert mp[("ModuleWrapPolicy", "layers.0.0")]["weight dtype in forward"] == "bfloat16"
-    assert "auto_wrap_policy" in mp[("ModuleWrapPolicy", "layers.0.1")]["warning"]
-    # Without an auto-wrap policy _module_classes_to_ignore does nothing: BatchNorm runs in bf16.
-    assert mp[("none", "layers.0.1")]["weight dtype in forward"] == "bfloat16"
-    assert mp[("none", "layers.0.1")]["running_mean"] == "bfloat16"
+    mp = {(r["auto_wrap_policy"], r["buffer_dtype"], r["module"]): r
+          for r in results["batchnorm"]["classic_mixed_precision"]}
+    bn = mp[("ModuleWrapPolicy", "bfloat16", "layers.0.1")]
+    assert bn["weight dtype in forward"] == "float32" and bn["running_mean"] == "float32"
+    assert mp[("ModuleWrapPolicy", "bfloat16", "layers.0.0")]["weight dtype in forward"] == "bfloat16"
+    assert "auto_wrap_policy" in bn["warning"]
+    # The input reaches the ignored BatchNorm in bf16; FSDP's own pre-hook casts it to fp32 for it.
+    assert (bn["input as it arrives"], bn["input it computes with"]) == ("bfloat16", "float32")
+    # Without an auto-wrap policy _module_classes_to_ignore does nothing: BatchNorm runs in bf16,
+    # its running statistics in bf16 only when buffer_dtype says so; left fp32, BatchNorm refuses.
+    for buffers in ("bfloat16", "None"):
+        bn = mp[("none", buffers, "layers.0.1")]
+        assert bn["weight dtype in forward"] == "bfloat16" and bn["input it computes with"] == "bfloat16"
+        assert bn["running_mean"] == ("bfloat16" if buffers == "bfloat16" else "float32")
+    assert mp[("none", "bfloat16", "layers.0.1")]["error"] == ""
+    assert mp[("none", "None", "layers.0.1")]["error"].startswith("RuntimeError: expected scalar type")
 
 
 @pytest.mark.slow

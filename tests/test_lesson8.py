@@ -65,6 +65,46 @@ def test_gpu_knobs_are_named_in_torch_source():
     assert rows["NCCL_DEBUG"]["verified here"].startswith("no")
 
 
+def test_nccl_error_handling_modes_read_from_the_header():
+    handling = lab8.nccl_error_handling_modes()
+    assert handling["default"] == 3 and handling["modes"][3]["name"] == "SkipCleanUp"
+    assert handling["modes"][3] == {"name": "SkipCleanUp", "aborts the NCCL communicators": False,
+                                    "tears the process down": True}
+    assert [m["name"] for _, m in sorted(handling["modes"].items())] == ["NoHandling", "TearDown", "CleanUpOnly",
+                                                                          "SkipCleanUp"]
+
+
+def test_gloo_socket_ifname_picks_the_interface():
+    bad, lo = lab8.gloo_interface_check(["no-such-nic0", "lo"])
+    assert "Unable to find address for: no-such-nic0" in bad["result"], bad
+    assert lo["result"].endswith("[3.0, 3.0]"), lo
+    rows = {r["variable"]: r for r in lab8.gpu_knobs({"GLOO_SOCKET_IFNAME": True})}
+    assert rows["GLOO_SOCKET_IFNAME"]["verified here"].startswith("yes")
+    assert "2000 entries" in rows["TORCH_FR_BUFFER_SIZE (TORCH_NCCL_TRACE_BUFFER_SIZE)"]["what it does"]
+
+
+def test_zero_plus_plus_names_exist_in_torch():
+    found = ecosystem.fsdp_hooks_for_zero_extras()
+    assert "world size to reshard to after forward" in found["reshard_after_forward int"]
+    assert found["tensor-subclass hooks FSDP2 calls"] == ["fsdp_pre_all_gather", "fsdp_post_all_gather"]
+    assert found["FSDPModule setters"] == ["set_custom_all_gather", "set_custom_reduce_scatter"]
+    assert found["built-in collectives"] and not any("quant" in c.lower() or "8" in c
+                                                     for c in found["built-in collectives"])
+    hpz = next(b for a, b in ecosystem.ZERO_EXTRAS if "hpZ" in a)
+    assert "reshard_after_forward=<int>" in hpz and "Not HSDP" in hpz
+
+
+def test_accelerate_bf16_reduces_in_bf16():
+    pytest.importorskip("accelerate", reason="accelerate is in the course's requirements: bash launch/setup.sh")
+    import torch
+
+    v2, v1 = ecosystem.accelerate_mixed_precision(2, "bf16"), ecosystem.accelerate_mixed_precision(1, "bf16")
+    assert (v2.param_dtype, v2.reduce_dtype, v2.output_dtype) == (torch.bfloat16,) * 3
+    assert (v1.param_dtype, v1.reduce_dtype, v1.buffer_dtype) == (torch.bfloat16,) * 3
+    row = next(v for k, v, _ in ecosystem.ACCELERATE_KEYS if k.startswith("mixed_precision"))
+    assert "reduce_dtype=bf16" in row and "output_dtype=bf16" in row and "buffer_dtype=bf16" in row
+
+
 def test_hsdp_and_tp_theory():
     shapes = [[[27, 64], [64, 64]], [[256, 64], [256]]]
     split = hsdp.hsdp_collective_bytes(shapes, replicas=2, shards=2)
@@ -183,8 +223,11 @@ def test_tensor_parallel_times_fsdp_on_four_ranks():
     assert m["mesh"] == {"shape": [2, 2], "names": ["dp", "tp"]}
     g = m["grad_check"]
     assert g["max_abs_diff"] < 1e-6 and abs(g["loss"] - g["reference_loss"]) < 1e-5
-    fc = next(p for p in m["placements"] if p["name"] == "blocks.0.mlp.fc.weight")
-    assert fc["placements"] == "_S(0, 2), S(0)"  # FSDP's Shard(0) of TP's column shard
+    placements = {p["name"]: p["placements"] for p in m["placements"]}
+    # docs/ecosystem.md: FSDP's Shard(0) is strided only where TP sharded the same dim (column-wise fc)
+    assert placements["blocks.0.mlp.fc.weight"] == "_S(0, 2), S(0)"
+    assert placements["blocks.0.mlp.proj.weight"] == "S(0), S(1)"  # row-wise: TP's Shard(1)
+    assert placements["blocks.0.attn.qkv.weight"] == "S(0)"  # attention is not TP-split
     assert m["collectives"]["intra"]["all_reduce"]["bytes"] == m["theory"]["intra"]["all_reduce"]
 
 

@@ -46,10 +46,12 @@ def cell_text(cell) -> str:
 # A number in a notebook's prose must be printed by one of its outputs (issue: "measured
 # truth"): numbers with a thousands separator, a decimal point, a % or an exponent, or two or
 # more digits. Not checked: numbers inside `code` or $math$, lesson numbers ("lesson 3",
-# "lessons 1-5"), years, link targets, and dotted addresses or versions (127.0.0.1, 2.13.0).
+# "lessons 1-5"), years, link targets, and dotted addresses or versions (127.0.0.1, 2.13.0,
+# torch 2.13).
 NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+\.\d+|\d+)(%|e[-+]?\d+)?(?![\w])")
 NOT_PROSE = re.compile(r"`[^`]*`|\$[^$]*\$|\]\([^)]*\)|<[^>]*>|\b[Ll]essons? \d+(?:\s*[-–,]\s*\d+)*"
-                       r"|\b\d+(?:\.\d+){2,}\b")  # ... and addresses or versions: 127.0.0.1, 2.13.0
+                       r"|\b\d+(?:\.\d+){2,}\b"  # ... and addresses or versions: 127.0.0.1, 2.13.0
+                       r"|\b(?:torch|accelerate|Python) \d+(?:\.\d+)+")
 
 
 def prose_numbers(markdown: str) -> list[str]:
@@ -91,6 +93,49 @@ def unprinted_numbers(nb) -> list[str]:
             for token in prose_numbers(cell.source):
                 if token.replace(",", "") not in printed:
                     missing.append(token)
+    return missing
+
+
+# The same rule for what a learner reads next to a notebook: its quiz's explanations (each option's
+# why, a numeric answer's explanation, an open question's reference and feedback) and the docs
+# pages that rest on its runs. A number the question itself gives (in its prompt or options) is
+# data, not a claim; arithmetic on it goes in `code`, like the notebooks' formulas.
+DOCS_OF_NOTEBOOK = {"08_troubleshooting": ["docs/troubleshooting.md", "docs/ecosystem.md"]}
+# Lessons whose quiz explanations are held to it (lessons 0-5's: not yet, their truth pass is separate).
+QUIZ_CHECKED = ("06_silent_bugs", "07_memory", "08_troubleshooting")
+
+
+def quiz_texts(lesson: str) -> list[tuple[str, str, set]]:
+    """(where, English text, the numbers the question gives) for every explanation in the bank."""
+    from quizzes.bank import load_bank
+
+    found = []
+    for q in load_bank(lesson):
+        given = set(prose_numbers(" ".join([q.prompt["en"], *(o.text["en"] for o in q.options)])))
+        secret = q.secret
+        texts = {f"why {k}": v for k, v in secret.get("why", {}).items()}
+        for key in ("explanation", "reference"):
+            if key in secret:
+                texts[key] = secret[key]
+        for item in [*secret.get("claims", []), *secret.get("misconceptions", [])]:
+            for form in item.get("forms", [item]):
+                for key in ("wrong", "swapped"):
+                    if key in form:
+                        texts[f"{item['id']} {key}"] = form[key]
+        found += [(f"{lesson} {q.id} ({where})", text["en"], given) for where, text in texts.items()]
+    return found
+
+
+def unprinted_in_companions(nb, notebook: str) -> list[str]:
+    """Numbers in the notebook's quiz explanations and docs pages that no output of it prints."""
+    printed = output_text(nb)
+    texts = quiz_texts(f"lesson{int(notebook[:2])}") if notebook in QUIZ_CHECKED else []
+    texts += [(page, (REPO / page).read_text(), set()) for page in DOCS_OF_NOTEBOOK.get(notebook, [])]
+    missing = []
+    for where, text, given in texts:
+        for token in prose_numbers(text):
+            if token not in given and token.replace(",", "") not in printed:
+                missing.append(f"{where}: {token}")
     return missing
 
 
@@ -146,10 +191,10 @@ def test_notebook_runs_untouched_then_passes_with_the_solutions(path: Path):
         text = cell_text(cell)
         assert "PASS" in text and "FAIL" not in text and "not attempted" not in text, (
             f"{path.name}: a check cell did not pass with the solutions in:\n{text}")
-    missing = unprinted_numbers(nb)
-    assert not missing, (f"{path.name}: numbers stated in the text that no output of the "
-                         f"notebook prints (print them from the code that measured them, or "
-                         f"drop them): {missing}")
+    missing = unprinted_numbers(nb) + unprinted_in_companions(nb, path.stem)
+    assert not missing, (f"{path.name}: numbers stated in the text (or in its quiz's explanations, "
+                         f"or its docs pages) that no output of the notebook prints (print them "
+                         f"from the code that measured them, or drop them): {missing}")
 
 
 def test_numbers_in_prose_must_be_printed():
@@ -161,6 +206,17 @@ def test_numbers_in_prose_must_be_printed():
     assert prose_numbers(nb.cells[0].source) == ["15,387", "3.08", "6%"]
     nb.cells[1].outputs = [nbformat.v4.new_output("stream", text="root 15387 | 3.084 MiB\n")]
     assert unprinted_numbers(nb) == ["6%"]
+
+
+def test_quiz_explanations_and_docs_pages_are_checked_too():
+    texts = {where: (text, given) for where, text, given in quiz_texts("lesson6")}
+    text, given = texts["lesson6 q_reduce_bytes (explanation)"]
+    assert "50,000,000" in given  # the question's own data
+    silent = nbformat.v4.new_notebook()  # prints nothing: every stated number is missing
+    missing = unprinted_in_companions(silent, "08_troubleshooting")
+    assert "docs/troubleshooting.md: 16,777,216" in missing
+    assert any(m.startswith("lesson8 q_") for m in missing)
+    assert prose_numbers("torch 2.13 and accelerate 1.15.0, 17 steps") == ["17"]
 
 
 def test_solutions_are_inserted_after_their_check(tmp_path):

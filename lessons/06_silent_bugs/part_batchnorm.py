@@ -155,33 +155,49 @@ def layout(model: nn.Module) -> list[dict]:
 
 
 def classic_mixed_precision(cfg, env) -> list[dict]:
-    """Classic FSDP, MixedPrecision(bf16), with and without an auto-wrap policy: the dtypes
-    BatchNorm and Linear really compute with, read in their forward."""
+    """Classic FSDP, MixedPrecision(bf16 params and reduction) with and without an auto-wrap
+    policy, buffers in bf16 (``buffer_dtype``) or left alone: the dtypes BatchNorm and Linear
+    really compute with, read in their forward, and the error forward raised, if any.
+
+    With a policy FSDP adds its own pre-hook to each BatchNorm (``_override_module_mixed_precision``
+    in ``torch/distributed/fsdp/_common_utils.py``) that casts the input to fp32, and a post-hook
+    that casts the output back. A hook registered before wrapping runs before FSDP's and sees the
+    input as it arrives; one registered after wrapping runs after it and sees what BatchNorm computes
+    with. Both are recorded."""
     rows = []
-    for policy in (ModuleWrapPolicy({nn.Sequential}), None):
+    for policy, buffer_dtype in ((ModuleWrapPolicy({nn.Sequential}), torch.bfloat16), (None, torch.bfloat16), (None, None)):
         torch.manual_seed(cfg.seed)
         model = NormNet("batchnorm").to(env.device)
-        seen = {}
-        def record(module, args, name):  # returns None: a pre-hook's return value replaces args
+        arriving, computed = {}, {}
+        def record(seen, module, args, name):  # returns None: a pre-hook's return value replaces args
             seen.setdefault(name, (str(module.weight.dtype), str(args[0].dtype)))
 
-        for name, module in model.named_modules():
-            if isinstance(module, (nn.Linear, _BatchNorm)) and name.startswith("layers.0"):
-                module.register_forward_pre_hook(lambda m, args, name=name: record(m, args, name))
+        watched = {name: module for name, module in model.named_modules()
+                   if isinstance(module, (nn.Linear, _BatchNorm)) and name.startswith("layers.0")}
+        for name, module in watched.items():  # before FSDP exists: runs before its hooks
+            module.register_forward_pre_hook(lambda m, args, name=name: record(arriving, m, args, name))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             model = FSDP(model, auto_wrap_policy=policy, device_id=env.device,
                          mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16,
-                                                        buffer_dtype=torch.bfloat16))
-            model(blobs(0, env.rank, env.world_size, 8, cfg.seed)[0].to(env.device))
+                                                        buffer_dtype=buffer_dtype))
+            for name, module in watched.items():  # after FSDP's own hooks: what forward receives
+                module.register_forward_pre_hook(lambda m, args, name=name: record(computed, m, args, name))
+            try:
+                model(blobs(0, env.rank, env.world_size, 8, cfg.seed)[0].to(env.device))
+                error = ""
+            except RuntimeError as exc:  # bf16 weights with fp32 running statistics: refused
+                error = f"{type(exc).__name__}: {exc}"
         said = [str(w.message).split(".")[0] for w in caught if "mixed precision" in str(w.message).lower()]
         bn = next(m for m in model.modules() if isinstance(m, _BatchNorm))
-        for name, (weight, inputs) in seen.items():
-            rows.append({"auto_wrap_policy": "ModuleWrapPolicy" if policy else "none", "module": name,
+        for name, (weight, inputs) in arriving.items():
+            rows.append({"auto_wrap_policy": "ModuleWrapPolicy" if policy else "none",
+                         "buffer_dtype": str(buffer_dtype).replace("torch.", ""), "module": name,
                          "weight dtype in forward": weight.replace("torch.", ""),
-                         "input dtype": inputs.replace("torch.", ""),
+                         "input as it arrives": inputs.replace("torch.", ""),
+                         "input it computes with": computed[name][1].replace("torch.", ""),
                          "running_mean": str(bn.running_mean.dtype).replace("torch.", ""),
-                         "warning": said[0] if said else ""})
+                         "warning": said[0] if said else "", "error": error})
     return rows
 
 

@@ -13,6 +13,11 @@ One process plays rank 0 of ``--world-size`` ranks, with three of PyTorch's own 
 - ``FSDPMemTracker``: counts the bytes each tensor *would* hold, by category, over one
   training step (forward, backward, optimizer step).
 
+What it counts is tensor bytes, on CPU tensors: the bytes a rank's tensors would hold. A GPU adds
+what no tensor shows: the CUDA caching allocator's rounding and reserved segments, the CUDA
+context, kernels' workspaces (cuBLAS, attention), NCCL's buffers, and CUDA kernels may save other
+tensors for backward than the CPU kernels counted here.
+
 Caveats: build the device mesh *outside* FakeTensorMode; use ``foreach=False`` for the
 optimizer (under fake tensors the ``foreach`` and ``fused`` steps report temporaries far larger
 than real ones); the optimizer state is created up front, as AdamW's first step would create

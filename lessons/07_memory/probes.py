@@ -203,10 +203,10 @@ def return_freed_memory_at_once() -> None:
     heap memory for later: address space the limit would count although no tensor uses it.
     A fixed threshold of 64 KiB gives every tensor larger than that its own mapping, returned
     to the kernel when the tensor is freed. And a thread that finds the heap busy may open an
-    arena of its own, reserving 64 MiB of address space at once (measured: a rank grew by 104
-    MiB in its first step where 40 were used): one arena for all threads. Call it before any
-    thread starts: memory a thread's arena or the heap already holds would be room the limit
-    does not see (measured, called late: DDP trained a step that does not fit in the limit).
+    arena of its own, reserving 64 MiB of address space at once (glibc's arena size on 64-bit
+    Linux), far more than its tensors use: one arena for all threads. Call it before any thread
+    starts: memory a thread's arena or the heap already holds would be room the limit does not
+    see (called late, DDP trained a step that does not fit in the limit).
     (Linux with glibc; elsewhere nothing changes.)"""
     libc = _libc()
     if libc is not None and hasattr(libc, "mallopt"):
@@ -219,8 +219,8 @@ def return_freed_memory_at_once() -> None:
 def keep_freed_memory_again() -> None:
     """After the limited runs: large blocks from the heap again, freed memory kept for reuse,
     as glibc does by default once its thresholds have adapted (to at most 32 MiB and twice
-    that). A mapping made and zeroed for every large tensor costs time (measured: up to half
-    again as much CPU time per step), which the runs without a limit need not pay."""
+    that). A mapping made and zeroed for every large tensor costs CPU time every step, which
+    the runs without a limit need not pay."""
     libc = _libc()
     if libc is not None and hasattr(libc, "mallopt"):
         libc.mallopt(M_MMAP_THRESHOLD, 32 * 2 ** 20)

@@ -132,15 +132,16 @@ def group_shapes(model) -> list[list[list[int]]]:
     return [root, *blocks]
 
 
-def placements_table(model, limit: int = 12) -> list[dict]:
-    """Each parameter's DTensor placements, mesh and local shape on this rank."""
+def placements_table(model) -> list[dict]:
+    """The DTensor placements, mesh and local shape on this rank of the root's parameters and
+    the first block's (the other blocks repeat the first)."""
     rows = []
     for name, param in model.named_parameters():
-        if hasattr(param, "placements"):
+        if hasattr(param, "placements") and (name.startswith("blocks.0.") or not name.startswith("blocks.")):
             rows.append({"name": name, "placements": ", ".join(map(str, param.placements)),
                          "mesh": str(param.device_mesh.mesh.tolist()),
                          "global": list(param.shape), "local": list(param.to_local().shape)})
-    return rows[:limit]
+    return rows
 
 
 def nothing():
