@@ -326,9 +326,7 @@ def validate_open(s: dict) -> list:
             p.append(f"claim {cid!r}: needs an en and zh label")
         if "weight" in c:
             p.append(f"claim {cid!r}: 'weight' is no longer graded: every key idea is required "
-                     "(mark a supporting idea \"key\": false)")
-        if not isinstance(c.get("key", True), bool):
-            p.append(f"claim {cid!r}: 'key' is true or false")
+                     "(group the claims into secret.key_ideas)")
         forms = c.get("forms")
         if not isinstance(forms, list) or not forms:
             p.append(f"claim {cid!r}: needs a non-empty list of forms")
@@ -357,9 +355,21 @@ def validate_open(s: dict) -> list:
             p.append(f"{where}: subject {m['subject']!r} is not in secret.subjects")
     if "min_claims" in s:
         p.append("secret.min_claims is no longer graded: an answer is correct when it states every key "
-                 "idea (every claim not marked \"key\": false)")
-    if not any(isinstance(c, dict) and c.get("key", True) for c in claims):
-        p.append("secret.claims: at least one claim must be a key idea")
+                 "idea (secret.key_ideas)")
+    for i, k in enumerate(s.get("key_ideas", [])):
+        where = f"key idea #{i + 1}"
+        if not (isinstance(k, dict) and isinstance(k.get("id"), str) and _bilingual(k.get("label"))
+                and isinstance(k.get("claims"), list) and k["claims"]):
+            p.append(f"{where}: needs an id, an en and zh label and a non-empty list of claim ids")
+            continue
+        for cid in k["claims"]:
+            if cid not in ids:
+                p.append(f"key idea {k['id']!r}: claim {cid!r} is not a claim of this question")
+    grouped = [cid for k in s.get("key_ideas", []) if isinstance(k, dict) for cid in k.get("claims") or []]
+    if len(grouped) != len(set(grouped)):
+        p.append("key_ideas: a claim belongs to one key idea at most (else one sentence meets two ideas)")
+    if "key_ideas" in s and not s["key_ideas"]:
+        p.append("key_ideas: at least one key idea")
     if "topic" in s:
         p += _says_problems("topic", s["topic"])
     else:

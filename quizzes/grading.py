@@ -214,18 +214,23 @@ def too_short(text: str) -> bool:
     return words < MIN_WORDS
 
 
-def key_claims(secret: dict) -> list:
-    """The question's key ideas: every claim not marked `"key": false` (a supporting idea is
-    credited and reads its sentence, but an answer is complete without it)."""
-    return [c for c in secret["claims"] if c.get("key", True)]
+def key_ideas(secret: dict) -> list:
+    """The question's key ideas: [{"id", "label", "claims": [claim ids]}]. A key idea is met when
+    any of its claims is stated the right way (two ways of saying one thing: "FULL_SHARD gathers
+    again in backward" or "SHARD_GRAD_OP uses more memory" both state the trade-off). Without
+    `key_ideas` every claim is a key idea of its own. A claim in no key idea is a supporting idea:
+    credited, and it reads its sentence, but an answer is complete without it."""
+    if "key_ideas" in secret:
+        return secret["key_ideas"]
+    return [{"id": c["id"], "label": c["label"], "claims": [c["id"]]} for c in secret["claims"]]
 
 
 def open_verdict(reading, secret: dict, short: bool) -> tuple:
     """(verdict, reason). `correct` only when the whole answer was read and is right: a statement,
     long enough, no misconception, every key idea, and no sentence about the topic left unread.
     A sentence the grader cannot read makes it at best `unsure` (never `correct`)."""
-    keys = key_claims(secret)
-    found = [c for c in keys if c["id"] in reading.supported]
+    ideas = key_ideas(secret)
+    met = [k for k in ideas if any(c in reading.supported for c in k["claims"])]
     if short:
         return "wrong", "too_short"
     if reading.stated_sentences == 0:
@@ -234,9 +239,9 @@ def open_verdict(reading, secret: dict, short: bool) -> tuple:
         return "wrong", "misconception"
     if reading.unread:
         return "unsure", "unread"
-    if len(found) == len(keys):
+    if len(met) == len(ideas):
         return "correct", "complete"
-    if reading.supported or found:
+    if reading.supported:
         return "wrong", "partial"
     return "wrong", "off_topic"
 
@@ -248,15 +253,14 @@ def _grade_open(q: Question, answer, lang: str) -> Result:
         raise AnswerError("open_long", qid=q.id, n=len(answer), limit=MAX_OPEN_CHARS)
     s = q.secret
     reading = claims.read_answer(answer, s)
-    keys = key_claims(s)
+    keys = key_ideas(s)
     found = [c for c in s["claims"] if c["id"] in reading.supported]
-    missing = [c for c in keys if c["id"] not in reading.supported]
+    missing = [k for k in keys if not any(c in reading.supported for c in k["claims"])]
     short = too_short(answer)
     verdict, reason = open_verdict(reading, s, short)
-    found_keys = sum(c["id"] in reading.supported for c in keys)
-    score = 1.0 if verdict == "correct" else round(0.5 * max(0, found_keys - len(reading.misconceptions)) / len(keys), 4)
+    met = len(keys) - len(missing)
+    score = 1.0 if verdict == "correct" else round(0.5 * max(0, met - len(reading.misconceptions)) / len(keys), 4)
     false = [{"quote": quote, "fix": fix[lang], "id": cid} for cid, fix, quote in reading.misconceptions]
-    sp = _space(lang)
 
     def bullets(items):
         return [f"- {i}" for i in items] or [f"- {msg('none', lang)}"]
@@ -271,14 +275,13 @@ def _grade_open(q: Question, answer, lang: str) -> Result:
     lines += [msg("reference", lang), s["reference"][lang]]
     if verdict == "unsure":
         lines += [msg("mark_yourself", lang)] + bullets(c["label"][lang] for c in keys)
-    details = {"found": [c["id"] for c in found], "missing": [c["id"] for c in missing],
+    details = {"found": [c["id"] for c in found], "missing": [k["id"] for k in missing],
                "found_labels": [c["label"][lang] for c in found],
                "missing_labels": [c["label"][lang] for c in missing],
                "unread": list(reading.unread), "false": [{"quote": f["quote"], "fix": f["fix"]} for f in false],
                "checklist": [c["label"][lang] for c in keys], "reference": s["reference"][lang],
                "too_short": short, "statement": reading.stated_sentences > 0,
                "misconceptions": [f["id"] for f in false], "reason": reason}
-    del sp
     return Result(verdict == "correct", score, "\n".join(lines), details, verdict=verdict)
 
 
