@@ -63,11 +63,12 @@ all-reduce allreduce materialize materialise spawn wrap flatten unshard recomput
 _AUX_EN = re.compile(
     r"(?<![a-z0-9])(?:is|are|was|were|be|been|being|am|has|have|had|does|do|did|can|could|will|would|"
     r"must|should|shall|may|might|need|needs|it|they|we|you|i|he|she|both|there|which|who|because|"
+    r"not|never|always|also|"
     r"\w+n't|\w+'s|\w+'re|\w+'ll|\w+'d|cannot|doesnt|dont|isnt|cant|wont|arent)(?![a-z0-9])")
 # after an ambiguous noun/verb form ("keeps", "gathers"), these say it is the verb
 _OBJECT_START = set("""the a an its their them it all each every only up out off back down into across over
 one both his her our your this that these those more less no nothing some any to in on at from with for
-after before until once twice again everything""".split())
+after before until once twice again everything by inside within across between through""".split())
 _ZH_KEYWORD_RUN = re.compile(f"[{CJK}]\\s+[{CJK}]")
 
 
@@ -136,7 +137,13 @@ def _is_verb_form(words: list, i: int) -> bool:
     verb = lemmas.get("VERB", ())
     if verb and w not in verb:  # an inflected form of a verb
         return "NOUN" not in lemmas and "ADJ" not in lemmas or nxt in _OBJECT_START
+    prev = words[i - 1] if i else ""
+    if verb and i and prev.endswith("s") and "NOUN" in en_lemmas(prev) and prev not in en_lemmas(prev)["NOUN"]:
+        # a base form after a plural noun: 'the all-gathers happen inside', 'gradients stay sharded'
+        return "NOUN" not in lemmas or nxt in _OBJECT_START
     if not lemmas:  # a word lemminflect does not know: a course verb with an ending ('resharded')
+        if w.startswith("un") and w.endswith("ed"):
+            return False  # 'unsharded': an adjective
         stem = re.sub(r"(?:s|es|ed|d|ing)$", "", w)
         return any(stem.endswith(v) or stem.rstrip(v[-1]) == v for v in _DOMAIN_VERBS) and w not in _DOMAIN_VERBS \
             and (w.endswith(("ed", "ing")) or nxt in _OBJECT_START)
@@ -167,11 +174,13 @@ def keyword_list(sentence: str) -> bool:
     'FULL_SHARD, memory, all-gather'. (A Chinese word is a jieba word; an identifier like
     LOCAL_RANK is one word.)"""
     text = unicodedata.normalize("NFKC", sentence).strip().lower()
-    if _AUX_EN.search(normalise(text)):
+    plain = re.findall(r"[a-z][a-z']*", normalise(text))
+    if _AUX_EN.search(normalise(text)) or any(_is_verb_form(plain, i) for i in range(len(plain))):
         return False
     items = [i for i in _LIST_SEP.split(text) if i.strip()]
-    if len(items) < 3:
-        items = text.split()
+    if len(items) < 3 and _ZH_KEYWORD_RUN.search(text):
+        items = text.split()  # 'rank local_rank world_size', '环境变量 rank 会合 重启'
+
 
     def keyword(item):
         ascii_words = re.findall(r"[a-z0-9][a-z0-9_\-.']*", item)
@@ -536,6 +545,8 @@ def read_answer(text: str, secret: dict) -> Reading:
         if not verb:
             reason = "a keyword list" if c.sentence in lists else "no verb in its sentence"
             reading.trace.append(f"[{c.norm}] {reason}: not read")
+            named = [m for m in subject_mentions(c.norm, subjects) if not m.comparand]
+            inherited = named[-1].name if named else inherited
             continue
         clause_inherited = inherited
         events, accounted = _read_clause(c.norm, secret, subjects, owners, inherited, reading.trace)
