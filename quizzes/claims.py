@@ -169,7 +169,7 @@ _LIST_SEP = re.compile(r"\s*(?:[,，、/;；|+]|(?<![a-z])and(?![a-z])|和)\s*")
 
 
 def keyword_list(sentence: str) -> bool:
-    """Three or more items of at most two words each, separated by commas, 、, slashes or
+    """Three or more items of at most two words (or four Chinese characters) each, separated by commas, 、, slashes or
     spaces, with no verb form and no auxiliary: 'rank local_rank world_size', '释放、参数、显存',
     'FULL_SHARD, memory, all-gather'. (A Chinese word is a jieba word; an identifier like
     LOCAL_RANK is one word.)"""
@@ -186,7 +186,8 @@ def keyword_list(sentence: str) -> bool:
         ascii_words = re.findall(r"[a-z0-9][a-z0-9_\-.']*", item)
         plain = re.findall(r"[a-z]+", item)
         zh = [w for w, _, _ in zh_words(item) if _CJK_CHAR.search(w)]
-        return len(ascii_words) + len(zh) <= 2 and not any(_is_verb_form(plain, i) for i in range(len(plain)))
+        short = len(ascii_words) + len(zh) <= 2 or (len(ascii_words) <= 1 and len(_CJK_CHAR.findall(item)) <= 4)
+        return short and not any(_is_verb_form(plain, i) for i in range(len(plain)))
 
     return len(items) >= 3 and all(keyword(i) for i in items)
 # --- phrasings -----------------------------------------------------------------------------------
