@@ -51,7 +51,7 @@ _NEG_ZH_WORDS = {"并不", "并没有", "并没", "并非", "从不", "从没", 
                  "避免", "阻止", "防止", "跳过", "省去", "省掉", "免去", "用不着", "犯不着"}
 _NOT_NEG_ZH = {"不同", "不仅", "不只", "不但", "不过", "不断", "不管", "不论", "无论", "非常", "不少", "不久",
                "除非", "未来", "无关紧要", "不一", "不等", "不一样", "无数", "非得", "别的", "别人", "不光",
-               "无非", "未必然", "不然", "要不然", "不如"}
+               "无非", "未必然", "不然", "要不然", "不如", "不变"}
 # 未分片 is "unsharded", one adjective
 _NOT_NEG_ZH_RE = re.compile(r"未\s?分片|非分片|是不是|要不要|能不能|会不会")
 # Verbs of omission reach their object anywhere in the clause ("省去了反向时的第二次 all-gather").
@@ -538,7 +538,7 @@ def read_answer(text: str, secret: dict) -> Reading:
                 seen_wrong.add(key)
                 reading.misconceptions.append((key[0], message, quote))
 
-    inherited, prev_inherited, unread = None, None, []
+    inherited, prev_inherited, unread, read_sentences = None, None, [], set()
     for i, c in enumerate(all_clauses):
         reading.clauses += 1
         verb = c.sentence in stated
@@ -562,13 +562,20 @@ def read_answer(text: str, secret: dict) -> Reading:
             apply(events, c.text)
         topical = is_topical(c.norm, secret)
         reading.topical += topical
-        if topical and not accounted and carries_verb(c.norm):
-            reading.trace.append(f"[{c.norm}] about the topic, but nothing the question knows: UNREAD")
-            if sentence_text[c.sentence] not in unread:
-                unread.append(sentence_text[c.sentence])
+        if accounted:
+            read_sentences.add(c.sentence)
+        elif topical and carries_verb(c.norm):
+            reading.trace.append(f"[{c.norm}] about the topic, but nothing the question knows")
+            if c.sentence not in unread:
+                unread.append(c.sentence)
         named = [m for m in subject_mentions(c.norm, subjects) if not m.comparand]
         prev_inherited = clause_inherited
         if named:
             inherited = named[-1].name
-    reading.unread = unread
+    # a sentence is read when one of its clauses was: its other clauses elaborate on what it says
+    # (a false one among them is still a misconception); a sentence about the topic of which no
+    # clause could be read is unread
+    reading.unread = [sentence_text[s] for s in unread if s not in read_sentences]
+    for s in reading.unread:
+        reading.trace.append(f"[{s}] UNREAD: about the topic, and no clause of it matches what the question knows")
     return reading
