@@ -25,9 +25,9 @@ CJK_RE = _CJK_CHAR
 # and at their Chinese forms and line breaks; clauses split further at commas, colons, brackets
 # and contrast words, where a new statement (often about another subject) begins.
 _SENTENCE_END = re.compile(r"(?:[!?;]|\.(?=\s|$))+|[。！？；\n]+")
-_COMMA = r"[,，]+"
+_COMMA = r"[,，、]+"
 _CLAUSE_SPLIT = re.compile(
-    r"(" + _COMMA + r"|[:()\[\]、：（）]+"
+    r"(" + _COMMA + r"|[:()\[\]：（）]+"
     r"|\s(?:but|while|whereas|although|though|however|yet|so|because|since|which|therefore|thus|hence)\s"
     r"|而|但|则|却|不过|然而|所以|因为|因此|于是|从而)")
 
@@ -555,9 +555,12 @@ def read_answer(text: str, secret: dict) -> Reading:
         if not accounted and prev is not None and prev.sentence == c.sentence and c.after_comma:
             # a statement split by a comma ("FULL_SHARD 在前向之后，会释放参数"): read the two together
             joined = f"{prev.norm} {c.norm}"
-            events, accounted = _read_clause(joined, secret, subjects, owners, prev_inherited, reading.trace)
-            if accounted:
-                apply(events, f"{prev.text}, {c.text}")
+            events, _ = _read_clause(joined, secret, subjects, owners, prev_inherited, reading.trace)
+            # what the two clauses state together is credited; a misconception is never built
+            # out of two clauses (a '...' gap across the comma reads words that do not belong together)
+            events = [e for e in events if e[0] != "wrong"]
+            accounted = bool(events)
+            apply(events, f"{prev.text}, {c.text}")
         else:
             apply(events, c.text)
         topical = is_topical(c.norm, secret)
