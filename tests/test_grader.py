@@ -293,3 +293,20 @@ def test_readme_worked_example(tmp_path, monkeypatch):
     feedback = README.read_text(encoding="utf-8").split("Feedback (en), for the fourth answer:")[1].split("```")[1]
     shown = [line for line in feedback.strip().splitlines() if not line.startswith(("- ...", "..."))]
     assert all(line in r.feedback.splitlines() for line in shown), (shown, r.feedback)
+
+
+# --- issue 22's open-question facts (checked against the lessons) -------------------------------
+
+def test_full_state_dict_file_loads_into_a_plain_model_is_not_wrong():
+    """Classic FSDP's default FULL_STATE_DICT file is a full copy that lesson 4 loads into a plain GPT."""
+    r = quizzes.grade("lesson4", "q_why_not_torch_save",
+                      "With classic FSDP's default FULL_STATE_DICT, model.state_dict() all-gathers every unit, so the "
+                      "file is a full copy that loads into a plain model, but that collective must run on every rank "
+                      "and puts the whole model in each rank's memory.")
+    assert r.verdict != "wrong", r.feedback
+
+
+def test_per_block_wrapping_moves_more_bytes_not_the_same():
+    r = quizzes.grade("lesson2", "q_why_wrap_per_block",
+                      "Per-block wrapping reduces the number of all-gathers compared with one big unit.")
+    assert r.verdict == "wrong" and "more bytes" in r.feedback and "same bytes" not in r.feedback
