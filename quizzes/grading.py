@@ -237,6 +237,10 @@ def open_verdict(reading, secret: dict, short: bool) -> tuple:
         return "wrong", "no_statement"
     if reading.misconceptions:
         return "wrong", "misconception"
+    if reading.unread and not reading.supported:
+        # nothing it read states any idea of the question: whatever the unread sentences say,
+        # the answer does not give the key ideas in a form anyone could check
+        return "wrong", "off_topic"
     if reading.unread:
         return "unsure", "unread"
     if len(met) == len(ideas):
