@@ -87,13 +87,14 @@ class Clause:
     norm: str             # normalised (what phrasings match)
     text: str             # as the learner wrote it (what feedback quotes)
     after_comma: bool     # split from the previous clause of its sentence by a comma only
+    aside: bool = False   # inside brackets: a side remark, which takes no subject from before it
 
 
 def _calls_as_words(text: str) -> str:
     """A call is a word, not a parenthesis: torch.save(model.state_dict()) -> torch.save model.state_dict."""
     text = unicodedata.normalize("NFKC", text).replace("()", "")
-    while re.search(r"(?<=\w)\(([^()]*)\)", text):
-        text = re.sub(r"(?<=\w)\(([^()]*)\)", r" \1", text)
+    while re.search(r"(?<=[A-Za-z0-9_])\(([^()]*)\)", text):  # ASCII identifiers only: 两倍（…） is an aside
+        text = re.sub(r"(?<=[A-Za-z0-9_])\(([^()]*)\)", r" \1", text)
     return text
 
 
@@ -106,13 +107,15 @@ def clauses(text: str) -> list:
     out = []
     for s, sentence in enumerate(sentences(text)):
         parts = _CLAUSE_SPLIT.split(sentence)
-        sep = None
+        sep, depth = None, 0
         for i in range(0, len(parts), 2):
             piece = parts[i].strip()
             norm = normalise(piece)
             if norm:
-                out.append(Clause(s, norm, piece, bool(sep and re.fullmatch(_COMMA, sep.strip()))))
+                out.append(Clause(s, norm, piece, bool(sep and re.fullmatch(_COMMA, sep.strip())), depth > 0))
             sep = parts[i + 1] if i + 1 < len(parts) else None
+            if sep:
+                depth = max(0, depth + sep.count("(") + sep.count("（") - sep.count(")") - sep.count("）"))
     return out
 
 
@@ -514,6 +517,9 @@ def _read_clause(norm: str, secret: dict, subjects: dict, owners: set, inherited
     return events, accounted
 
 
+_BOTH = re.compile(r"(?<![a-z0-9])(?:both|neither|either of them|the two)(?![a-z0-9])|两者|二者|两种|两个策略|它们都")
+
+
 def read_answer(text: str, secret: dict) -> Reading:
     subjects = {name: _phrasings(s) for name, s in secret.get("subjects", {}).items()}
     owners = {f["subject"] for c in secret["claims"] for f in c["forms"] if f.get("subject")}
@@ -549,8 +555,10 @@ def read_answer(text: str, secret: dict) -> Reading:
             named = [m for m in subject_mentions(c.norm, subjects) if not m.comparand]
             inherited = named[-1].name if named else inherited
             continue
-        clause_inherited = inherited
-        events, accounted = _read_clause(c.norm, secret, subjects, owners, inherited, reading.trace)
+        # a side remark in brackets, or a clause about both ("两者都...", "both keep ...", "neither"),
+        # takes no subject from before it
+        clause_inherited = None if c.aside or _BOTH.search(c.norm) else inherited
+        events, accounted = _read_clause(c.norm, secret, subjects, owners, clause_inherited, reading.trace)
         prev = all_clauses[i - 1] if i else None
         if not accounted and prev is not None and prev.sentence == c.sentence and c.after_comma:
             # a statement split by a comma ("FULL_SHARD 在前向之后，会释放参数"): read the two together
