@@ -408,7 +408,7 @@ def _phrasings(says: dict) -> list:
 _AND = re.compile(r"\sand\s|并且|并")
 # Denials that follow the verb: Chinese potential complements (加载不了 cannot load, 放不下) and
 # English 'X is disabled'.
-_NEG_AFTER = re.compile(r"\s?(?:不了|不下|不动|不到|不起|不出|不成|不上|不进)"
+_NEG_AFTER = re.compile(r"\s?(?:不了|不下|不动|不到|不起|不出|不成|不上|不进|不回)"
                         r"|\s(?:is|are|gets|get|becomes|become|was|were) (?:disabled|turned off|impossible|lost|"
                         r"broken|gone|blocked|not possible)(?![a-z0-9])")
 
@@ -432,6 +432,10 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
 # An infinitive of purpose ("to save ... and load on another world size, you need ...") states
 # nothing about whether the thing works.
 _PURPOSE = re.compile(r"(?:^|(?<![a-z0-9]))(?:to|in order to)\s$|^(?:to|in order to|为了)\s")
+
+
+_CONDITION_BEFORE = re.compile(r"(?:要用|要在|想|为了|如果|若|要是|以后要|(?<![a-z0-9])(?:if|when) you (?:want|need) to)\s?\S{0,2}$")
+_CONDITION_AFTER = re.compile(r"\s?(?:还|就|也|)\s?(?:需要|要|得|必须|离不开)|\s(?:needs?|requires?|you need|you must|must|only works with)(?![a-z0-9])")
 
 
 def _find(clause: str, phrasings: list):
@@ -470,9 +474,12 @@ def _read_clause(norm: str, secret: dict, subjects: dict, owners: set, inherited
             if any(o is not m and o.start() < m.end() and m.start() < o.end()
                    and (o.start(), -o.end()) < (m.start(), -m.end()) for _, _, o in found):
                 continue  # another form of this claim reads these words first (or reads more of them)
-            if form.get("negated") and _PURPOSE.search(norm[:m.start()]):
+            if form.get("negated") and (_PURPOSE.search(norm[:m.start()]) or _CONDITION_BEFORE.search(norm[:m.start()])
+                                        or _CONDITION_AFTER.match(norm, m.end())):
                 accounted = True
-                continue  # "to load on another world size, you need ...": a purpose, not a statement
+                # "to load on another world size, you need ...", "换 world size 加载还需要元数据":
+                # a purpose or a condition, not a statement that it works
+                continue
             subject, anchor, named = resolve_subject(mentions, m.start(), m.end(), inherited)
             want, rival = form.get("subject"), form.get("rival")
             if want and (subject is None or subject not in (want, rival)):
