@@ -172,27 +172,30 @@ _LIST_SEP = re.compile(r"\s*(?:[,，、/;；|+]|(?<![a-z])and(?![a-z])|和)\s*")
 
 
 def keyword_list(sentence: str) -> bool:
-    """Three or more items of at most two words (or four Chinese characters) each, separated by commas, 、, slashes or
-    spaces, with no verb form and no auxiliary: 'rank local_rank world_size', '释放、参数、显存',
-    'FULL_SHARD, memory, all-gather'. (A Chinese word is a jieba word; an identifier like
-    LOCAL_RANK is one word.)"""
+    """Three or more items of at most two words (or four Chinese characters) each, separated by
+    commas, 、, slashes or spaced Chinese words, with no auxiliary and no item that is a verb
+    phrase: 'RANK, LOCAL_RANK, WORLD_SIZE, --max-restarts', '释放、参数、显存', '环境变量 rank 会合 重启'.
+    (A Chinese word is a jieba word; an identifier like LOCAL_RANK or a flag is one word.)"""
     text = unicodedata.normalize("NFKC", sentence).strip().lower()
-    plain = re.findall(r"[a-z][a-z']*", normalise(text))
-    if _AUX_EN.search(normalise(text)) or any(_is_verb_form(plain, i) for i in range(len(plain))):
+    if _AUX_EN.search(normalise(text)):
         return False
     items = [i for i in _LIST_SEP.split(text) if i.strip()]
     if len(items) < 3 and _ZH_KEYWORD_RUN.search(text):
-        items = text.split()  # 'rank local_rank world_size', '环境变量 rank 会合 重启'
-
+        items = text.split()  # '环境变量 rank 会合 重启'
 
     def keyword(item):
         ascii_words = re.findall(r"[a-z0-9][a-z0-9_\-.']*", item)
-        plain = re.findall(r"[a-z]+", item)
+        plain = re.findall(r"[a-z][a-z']*", normalise(item))
         zh = [w for w, _, _ in zh_words(item) if _CJK_CHAR.search(w)]
         short = len(ascii_words) + len(zh) <= 2 or (len(ascii_words) <= 1 and len(_CJK_CHAR.findall(item)) <= 4)
-        return short and not any(_is_verb_form(plain, i) for i in range(len(plain)))
+        # a one-word item is a term ('restarts'); two words with a verb form are a statement ('frees params')
+        verb = len(ascii_words) > 1 and not item.strip().startswith("-") and any(
+            _is_verb_form(plain, i) for i in range(len(plain)))
+        return short and not verb
 
     return len(items) >= 3 and all(keyword(i) for i in items)
+
+
 # --- phrasings -----------------------------------------------------------------------------------
 
 def _is_ascii_word(ch: str) -> bool:
