@@ -342,6 +342,8 @@ def validate_open(s: dict) -> list:
             if "rival" in f and not _bilingual(f.get("swapped")):
                 p.append(f"{where}: a form with a rival needs an en and zh 'swapped' text")
             p += _fix_problems(where, f, ("wrong", "swapped"))
+            if f.get("own_subject") and "rival" not in f:
+                p.append(f"{where}: own_subject needs a rival (it says the rival's denial credits nothing)")
     for i, m in enumerate(s.get("misconceptions", [])):
         where = f"misconception {m.get('id', '#' + str(i + 1))!r}"
         if not isinstance(m.get("id"), str) or m["id"] in ids:

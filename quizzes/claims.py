@@ -335,8 +335,13 @@ def negation_cues(clause: str) -> list:
     return sorted(cues)
 
 
+_CAUSATIVE = re.compile(r"\s?(?:会|能|)\s?(?:让|使|令|叫)|\s?(?:let|make|allow|have|cause)s?\s")
+
+
 def _reaches(clause: str, cue_end: int, start: int) -> bool:
     between = clause[cue_end:start]
+    if _CAUSATIVE.match(between):  # "不会让每个 rank 保留 ...", "does not let each rank keep ...": all of it
+        return True
     words = len(re.findall(r"[a-z0-9']+", between))
     return words <= _NEG_REACH_WORDS and len(_CJK_CHAR.findall(between)) <= _NEG_REACH_CJK
 
@@ -493,6 +498,12 @@ def _read_clause(norm: str, secret: dict, subjects: dict, owners: set, inherited
             swapped = subject is not None and subject == rival
             # each of denial, a form true only when denied, and the rival subject flips it
             true = affirmed ^ bool(form.get("negated")) ^ swapped
+            if true and swapped and form.get("own_subject") and not any(
+                    mm.comparand and mm.name == want for mm in mentions):  # "unlike DDP, FSDP does not ..." names both
+                # "FSDP does not broadcast" is true, but says nothing of what DDP does
+                trace.append(f"[{norm}] {claim['id']}#{f_index + 1} {m.group(0)!r} denied of the rival: read, not credited")
+                accounted = True
+                continue
             trace.append(f"[{norm}] {claim['id']}#{f_index + 1} {m.group(0)!r} "
                          f"subject={subject} {'affirmed' if affirmed else 'denied'} -> "
                          f"{'supports' if true else 'ignored (one way)' if form.get('one_way') else 'MISCONCEPTION'}")
@@ -527,6 +538,7 @@ def _read_clause(norm: str, secret: dict, subjects: dict, owners: set, inherited
     return events, accounted
 
 
+_REMEDY = re.compile(r"(?:the |to |)(?:fix|fixes|solution|solutions|remedy|workaround|you can fix|to avoid)(?![a-z])|修法|解决|修复|办法|改法|正确做法")
 _BOTH = re.compile(r"(?<![a-z0-9])(?:both|neither|either of them|the two)(?![a-z0-9])|两者|二者|两种|两个策略|它们都")
 
 
@@ -555,6 +567,9 @@ def read_answer(text: str, secret: dict) -> Reading:
                 reading.misconceptions.append((key[0], message, quote))
 
     inherited, prev_inherited, unread, read_sentences = None, None, [], set()
+    # a sentence of remedies ("Fixes: a broadcast before wrapping", "修法就是 ...") says what to do,
+    # not what the subjects named before it do
+    remedies = {s for s, sent in enumerate(sentence_text) if _REMEDY.match(normalise(sent))}
     for i, c in enumerate(all_clauses):
         reading.clauses += 1
         verb = c.sentence in stated
@@ -567,7 +582,7 @@ def read_answer(text: str, secret: dict) -> Reading:
             continue
         # a side remark in brackets, or a clause about both ("两者都...", "both keep ...", "neither"),
         # takes no subject from before it
-        clause_inherited = None if c.aside or _BOTH.search(c.norm) else inherited
+        clause_inherited = None if c.aside or c.sentence in remedies or _BOTH.search(c.norm) else inherited
         events, accounted = _read_clause(c.norm, secret, subjects, owners, clause_inherited, reading.trace)
         prev = all_clauses[i - 1] if i else None
         if not accounted and prev is not None and prev.sentence == c.sentence and c.after_comma:
