@@ -539,6 +539,8 @@ def _read_clause(norm: str, secret: dict, subjects: dict, owners: set, inherited
 
 
 _REMEDY = re.compile(r"(?:the |to |)(?:fix|fixes|solution|solutions|remedy|workaround|you can fix|to avoid)(?![a-z])|修法|解决|修复|办法|改法|正确做法")
+_COUNTERFACTUAL = re.compile(r"(?:if (?:you |we |one |)(?:do not|don't|dont|didn't|never|skip)|if not|without|with no|otherwise|"
+                            r"else|if there is no|when there is no)(?![a-z])|如果不|若不|要是不|不按|不设|不用|没有设|否则|不然")
 _BOTH = re.compile(r"(?<![a-z0-9])(?:both|neither|either of them|the two)(?![a-z0-9])|两者|二者|两种|两个策略|它们都")
 
 
@@ -570,6 +572,10 @@ def read_answer(text: str, secret: dict) -> Reading:
     # a sentence of remedies ("Fixes: a broadcast before wrapping", "修法就是 ...") says what to do,
     # not what the subjects named before it do
     remedies = {s for s, sent in enumerate(sentence_text) if _REMEDY.match(normalise(sent))}
+    # a sentence about the alternative ("If you don't wrap per block, nothing is freed until ...",
+    # "不按 block 包，算完之前一个参数都不会被释放") denies what the alternative does not do: read,
+    # neither credited nor a misconception
+    otherwise = {s for s, sent in enumerate(sentence_text) if _COUNTERFACTUAL.match(normalise(sent))}
     for i, c in enumerate(all_clauses):
         reading.clauses += 1
         verb = c.sentence in stated
@@ -594,6 +600,8 @@ def read_answer(text: str, secret: dict) -> Reading:
             events = [e for e in events if e[0] != "wrong"]
             accounted = bool(events)
             apply(events, f"{prev.text}, {c.text}")
+        elif c.sentence in otherwise:
+            apply([e for e in events if e[0] == "neutral"], c.text)
         else:
             apply(events, c.text)
         topical = is_topical(c.norm, secret)
