@@ -187,7 +187,8 @@ def keyword_list(sentence: str) -> bool:
         ascii_words = re.findall(r"[a-z0-9][a-z0-9_\-.']*", item)
         plain = re.findall(r"[a-z][a-z']*", normalise(item))
         zh = [w for w, _, _ in zh_words(item) if _CJK_CHAR.search(w)]
-        short = len(ascii_words) + len(zh) <= 2 or (len(ascii_words) <= 1 and len(_CJK_CHAR.findall(item)) <= 4)
+        short = len(ascii_words) + len(zh) <= 2 or (len(ascii_words) <= 1 and len(_CJK_CHAR.findall(item)) <= 4) \
+            or (not ascii_words and len(zh) <= 3 and len(_CJK_CHAR.findall(item)) <= 5)
         # a one-word item is a term ('restarts'); two words with a verb form are a statement ('frees params')
         verb = len(ascii_words) > 1 and not item.strip().startswith("-") and any(
             _is_verb_form(plain, i) for i in range(len(plain)))
@@ -335,6 +336,7 @@ def negation_cues(clause: str) -> list:
     return sorted(cues)
 
 
+_CONDITION_NEXT = re.compile(r"\s(?:when|if|unless|for|in case)(?![a-z])|\s?(?:当|如果)")
 _CAUSATIVE = re.compile(r"\s?(?:会|能|)\s?(?:让|使|令|叫)|\s?(?:let|make|allow|have|cause)s?\s")
 
 
@@ -432,6 +434,8 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
         target = min((a for a, _ in literal if a >= c_end), default=match.end())
         if _AND.search(clause, c, target) or not (whole or _reaches(clause, c_end, target)):
             continue
+        if _CONDITION_NEXT.match(clause, c_end):
+            continue  # "not when the gradient doesn't fit": it denies the verdict, not the condition
         cues.append(c)
     after = _NEG_AFTER.match(clause, match.end())
     return (len(cues) + bool(after)) % 2 == 0
@@ -573,8 +577,8 @@ def read_answer(text: str, secret: dict) -> Reading:
     # not what the subjects named before it do
     remedies = {s for s, sent in enumerate(sentence_text) if _REMEDY.match(normalise(sent))}
     # a sentence about the alternative ("If you don't wrap per block, nothing is freed until ...",
-    # "不按 block 包，算完之前一个参数都不会被释放") denies what the alternative does not do: read,
-    # neither credited nor a misconception
+    # "不按 block 包，算完之前一个参数都不会被释放") denies what the alternative does not do: what it
+    # states is credited, what it denies is no misconception
     otherwise = {s for s, sent in enumerate(sentence_text) if _COUNTERFACTUAL.match(normalise(sent))}
     for i, c in enumerate(all_clauses):
         reading.clauses += 1
@@ -601,7 +605,7 @@ def read_answer(text: str, secret: dict) -> Reading:
             accounted = bool(events)
             apply(events, f"{prev.text}, {c.text}")
         elif c.sentence in otherwise:
-            apply([e for e in events if e[0] == "neutral"], c.text)
+            apply([e for e in events if e[0] != "wrong"], c.text)
         else:
             apply(events, c.text)
         topical = is_topical(c.norm, secret)
