@@ -98,9 +98,14 @@ def _calls_as_words(text: str) -> str:
     return text
 
 
+_ABBREVIATION = re.compile(r"(?<![A-Za-z])(i\.e|e\.g|etc|vs|cf|approx)\.", re.IGNORECASE)
+
+
 def sentences(text: str) -> list:
-    """The answer's sentences, as written (stripped), empty ones dropped."""
-    return [s.strip() for s in _SENTENCE_END.split(_calls_as_words(text)) if s.strip()]
+    """The answer's sentences, as written (stripped), empty ones dropped. 'i.e.', 'e.g.', 'etc.'
+    and 'vs.' end no sentence."""
+    text = _ABBREVIATION.sub(lambda m: m.group(1) + ",", _calls_as_words(text))
+    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
 
 
 def clauses(text: str) -> list:
