@@ -609,8 +609,8 @@ def read_answer(text: str, secret: dict) -> Reading:
             events = [e for e in events if e[0] != "wrong"]
             accounted = bool(events)
             apply(events, f"{prev.text}, {c.text}")
-        elif c.sentence in otherwise:
-            apply([e for e in events if e[0] != "wrong"], c.text)
+        elif c.sentence in otherwise:  # a misconception entry is false whatever the sentence is about
+            apply([e for e in events if e[0] != "wrong" or e[1][1] == -1], c.text)
         else:
             apply(events, c.text)
         topical = is_topical(c.norm, secret)
