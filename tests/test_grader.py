@@ -310,3 +310,51 @@ def test_per_block_wrapping_moves_more_bytes_not_the_same():
     r = quizzes.grade("lesson2", "q_why_wrap_per_block",
                       "Per-block wrapping reduces the number of all-gathers compared with one big unit.")
     assert r.verdict == "wrong" and "more bytes" in r.feedback and "same bytes" not in r.feedback
+
+
+# --- the command line: verdicts in grade, the report on any folder of labelled answers ----------
+
+def test_cli_grade_shows_the_verdict(demo_bank, tmp_path, capsys):
+    from quizzes import cli
+    unsure = ("FULL_SHARD frees the parameters after forward; SHARD_GRAD_OP uses more memory. "
+              "The parameters are also compressed on the model's way to disk.")
+    answers = tmp_path / "a.json"
+    answers.write_text(json.dumps({"lesson": demo_bank, "lang": "en", "answers": {"q_open": unsure}}))
+    assert cli.main(["grade", str(answers), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["results"][0]
+    assert row["verdict"] == "unsure" and row["correct"] is False
+    assert cli.main(["grade", str(answers)]) == 0
+    out = capsys.readouterr().out
+    assert "[unsure: mark it yourself] q_open" in out and "Sentences the grader could not read:" in out
+
+
+def test_cli_report_on_a_folder(demo_bank, tmp_path, capsys):
+    from quizzes import cli
+    folder = tmp_path / "set"
+    folder.mkdir()
+    items = [{"label": "correct", "lang": "en", "kind": "right",
+              "answer": "FULL_SHARD frees the parameters after forward; SHARD_GRAD_OP uses more memory."},
+             {"label": "wrong", "lang": "en", "kind": "swapped",
+              "answer": "SHARD_GRAD_OP frees the parameters after forward and it uses more memory."}]
+    (folder / f"{demo_bank}.json").write_text(json.dumps({"lesson": demo_bank, "questions": {"q_open": items}}))
+    assert cli.main(["report", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"correct \(all\)\s+1\s+0\s+0\s+1", out) and re.search(r"wrong \(all\)\s+0\s+1\s+0\s+1", out)
+    assert "wrong graded correct" in out and "FAIL" not in out
+    items[1]["label"] = "correct"  # a right answer graded wrong: a target fails, exit 1
+    (folder / f"{demo_bank}.json").write_text(json.dumps({"lesson": demo_bank, "questions": {"q_open": items}}))
+    assert cli.main(["report", str(folder)]) == 1 and "FAIL" in capsys.readouterr().out
+    assert cli.main(["report", str(tmp_path / "nope")]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+def test_language_libraries_load_lazily_and_quietly():
+    """import quizzes pulls in neither torch nor the language libraries; the first Chinese answer
+    loads jieba without a word on stderr."""
+    import subprocess
+    import sys
+    code = ("import sys, quizzes; assert not {'torch', 'jieba', 'lemminflect'} & set(sys.modules), sys.modules.keys(); "
+            "r = quizzes.grade('lesson1', 'q_full_vs_shard_grad_op', 'FULL_SHARD 在前向之后释放参数，SHARD_GRAD_OP 保留到反向。', 'zh'); "
+            "assert 'jieba' in sys.modules and r.verdict == 'correct', r.details")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
