@@ -341,6 +341,7 @@ def negation_cues(clause: str) -> list:
     return sorted(cues)
 
 
+_COMPARATOR = re.compile(r"instead of|rather than")
 _CONDITION_NEXT = re.compile(r"\s(?:when|if|unless|for|in case)(?![a-z])|\s?(?:当|如果)")
 _CAUSATIVE = re.compile(r"\s?(?:会|能|)\s?(?:让|使|令|叫)|\s?(?:let|make|allow|have|cause)s?\s")
 
@@ -439,6 +440,8 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
         target = min((a for a, _ in literal if a >= c_end), default=match.end())
         if _AND.search(clause, c, target) or not (whole or _reaches(clause, c_end, target)):
             continue
+        if _COMPARATOR.fullmatch(clause, c, c_end) and any(a < c for a, _ in literal):
+            continue  # "costs 4P instead of 4P/N of memory": 'instead of' inside the phrasing takes its own object
         if _CONDITION_NEXT.match(clause, c_end):
             continue  # "not when the gradient doesn't fit": it denies the verdict, not the condition
         cues.append(c)
