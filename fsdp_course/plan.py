@@ -2,21 +2,32 @@
 
     python -m fsdp_course.plan --params 7e9 --world-size 8 --strategy FULL_SHARD \\
         --precision bf16-mixed --optimizer adamw --gpu-gib 80
+    python -m fsdp_course.plan --hf-config lessons/09_your_model/configs/llama3-8b.json \\
+        --world-size 8 --precision bf16-mixed --seq 4096 --gpu-gib 80
     python -m fsdp_course.plan --model course-gpt-7b --world-size 8 --precision bf16-mixed \\
         --activation-checkpointing full --gpu-gib 40
     python -m fsdp_course.plan --model course-gpt-default --world-size 2 --json
     python -m fsdp_course.plan --params 7e9 --world-size 8 --zero-stage 3
 
-Prints the bytes per rank by category (sharded parameters, gradients, optimizer state,
-gathered parameters, activations), the three moments of a step (end of forward, backward,
-optimizer step), the peak, an allowance for what the model leaves out, and whether it fits on
-a GPU of ``--gpu-gib``; if not, the smallest world size and the settings that would fit. The
-formulas, with their derivations, are in ``fsdp_course/theory/memory.py``; lesson 7 checks
-them against measured runs.
+Prints the model state per rank (sharded parameters, gradients, optimizer state) in GB (1e9
+bytes, as papers and vendors print it) with GiB beside, then every category per rank in GiB
+(gathered parameters, activations, ...) at the three moments of a step (end of forward,
+backward, optimizer step), the peak, an allowance for what the model leaves out, and whether
+it fits on a GPU of ``--gpu-gib``; if not, the smallest world size and the settings that would
+fit. The formulas, with their derivations, are in ``fsdp_course/theory/memory.py``; lesson 7
+checks them against measured runs.
 
-The model is the course's GPT: give its sizes (``--layers --hidden --heads --vocab --seq``),
-one of the course's named models (``--model``), or only ``--params`` (a 32-block GPT of that
-size is assumed). Bad input: one line and exit code 2.
+The model, one of:
+  --hf-config PATH  a Hugging Face config.json (or its folder): llama, mistral, qwen2, gpt2.
+                    Every parameter's shape from the config, so the count is exact (the tests
+                    check it against transformers); activations as those models save them
+                    (fsdp_course/theory/decoders.py). fully_shard per decoder layer, then the
+                    root. --seq (default: the model's maximum, at most 2048) and --batch apply.
+  --model NAME      one of the course's GPTs.
+  --layers --hidden the course's GPT at these sizes (--heads --vocab --seq optional).
+  --params N        exactly N parameters: the model state counts N; activations and units come
+                    from a 32-block GPT of about that size (its width printed).
+Bad input (a flag, a config field the planner cannot read): one line and exit code 2.
 """
 
 from __future__ import annotations
@@ -24,8 +35,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
-from fsdp_course.theory import memory
+from fsdp_course.theory import decoders, memory
 
 GIB = 1024 ** 3
 
@@ -71,9 +83,14 @@ def _positive(kind):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m fsdp_course.plan", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    model = p.add_argument_group("the model (the course's GPT)")
+    model = p.add_argument_group("the model (one of --hf-config, --model, --params, --layers and --hidden)")
     model.add_argument("--model", choices=sorted(MODELS), help="one of the course's models")
-    model.add_argument("--params", type=_positive(float), help="parameter count, e.g. 7e9")
+    model.add_argument("--hf-config", metavar="PATH",
+                       help="a Hugging Face config.json, or the folder holding it (model_type "
+                            f"{', '.join(decoders.FAMILIES)}): the exact parameter count from its "
+                            "sizes; --seq and --batch apply, the other sizes come from the config"),
+    model.add_argument("--params", type=_positive(float),
+                       help="parameter count, e.g. 7.5e9: the state counts exactly this many")
     model.add_argument("--layers", type=_positive(int), help="transformer blocks")
     model.add_argument("--hidden", type=_positive(int), help="model width")
     model.add_argument("--heads", type=_positive(int), help="attention heads (default: hidden / 128)")
@@ -96,9 +113,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def shape_from(args) -> tuple[memory.GPTShape, int]:
-    """The model's shape and the batch per rank, from --model, the sizes, or --params."""
+def shape_from(args) -> tuple[memory.GPTShape, int, list[str]]:
+    """The model's shape, the batch per rank, and notes on the plan's assumptions, from
+    --hf-config, --model, --params, or the sizes."""
     sizes = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "vocab", "seq")}
+    if args.hf_config:
+        given = [f"--{k}" for k in ("model", "params", "layers", "hidden", "heads", "vocab") if getattr(args, k)]
+        if given:
+            raise PlanError(f"--hf-config gives the model's sizes: drop {', '.join(given)}")
+        shape, cfg = read_hf_config(args.hf_config, args.seq)
+        return shape, args.batch or 1, [n for n in [decoders.dropout_note(cfg)] if n]
     if args.model:
         if args.params:
             raise PlanError("give --model or --params, not both")
@@ -107,19 +131,36 @@ def shape_from(args) -> tuple[memory.GPTShape, int]:
                   "vocab": base.vocab, "seq": base.seq}
         values.update({k: v for k, v in sizes.items() if v})
         batch = args.batch or MODEL_BATCH[args.model]
+    elif args.params:  # exactly this many parameters; the sizes given shape the assumed GPT
+        shape = memory.model_for_params(args.params, layers=sizes["layers"] or 32,
+                                        vocab=sizes["vocab"] or 32000, seq=sizes["seq"] or 2048,
+                                        heads=sizes["heads"], hidden=sizes["hidden"])
+        return shape, args.batch or 1, []
     elif sizes["hidden"] and sizes["layers"]:
         values = {"vocab": 32000, "seq": 2048, **{k: v for k, v in sizes.items() if v}}
         values.setdefault("heads", max(1, values["hidden"] // 128))
         batch = args.batch or 1
-    elif args.params:
-        scaled = memory.scaled_shape(args.params, layers=sizes["layers"] or 32,
-                                     vocab=sizes["vocab"] or 32000, seq=sizes["seq"] or 2048)
-        values = {**scaled.__dict__, **{k: v for k, v in sizes.items() if v}}
-        batch = args.batch or 1
     else:
         raise PlanError("say which model: --model NAME, --params N, or --layers and --hidden")
     shape = memory.GPTShape(values["vocab"], values["seq"], values["hidden"], values["layers"], values["heads"])
-    return shape, batch
+    return shape, batch, []
+
+
+def read_hf_config(path: str, seq: int | None = None) -> tuple[decoders.DecoderShape, dict]:
+    """The model a config.json describes, and the config itself (read with json only)."""
+    file = Path(path)
+    if file.is_dir():
+        file = file / "config.json"
+    if not file.is_file():
+        raise PlanError(f"--hf-config {path}: no config.json there")
+    try:
+        cfg = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PlanError(f"--hf-config {file}: not a JSON file ({exc})") from None
+    try:
+        return decoders.from_hf_config(cfg, seq), cfg
+    except decoders.ConfigError as exc:
+        raise PlanError(f"--hf-config {file}: {exc}") from None
 
 
 def suggestions(shape, batch: int, settings: dict, gpu_bytes: float) -> list[str]:
@@ -145,13 +186,31 @@ def suggestions(shape, batch: int, settings: dict, gpu_bytes: float) -> list[str
     return found
 
 
+def describe(shape) -> str:
+    """The model line: the parameter count, exact, and where the layout comes from."""
+    gpt = (f"{shape.layers} blocks, hidden {shape.hidden}, {shape.heads} heads, vocab {shape.vocab}, "
+           f"seq {shape.seq}")
+    if isinstance(shape, memory.CountedShape):
+        return (f"{shape.num_params:,} parameters ({shape.num_params / 1e9:.3f}B, as given: the state "
+                f"counts exactly these; activations and units from a GPT of {gpt})")
+    if isinstance(shape, memory.GPTShape):
+        return f"{shape.num_params:,} parameters ({shape.num_params / 1e9:.3f}B; GPT: {gpt})"
+    return f"{shape.num_params:,} parameters ({shape.num_params / 1e9:.3f}B; {shape.describe()})"
+
+
+def state_lines(state: dict, title: str) -> list[str]:
+    """Model state per rank in GB (1e9 bytes: how papers and vendors print it), GiB beside."""
+    rows = [(k, state[k]) for k in ("params", "grads", "optimizer")]
+    rows.append(("total", sum(v for _, v in rows)))
+    return [f"{title:34s}{'GB':>9}{'GiB':>9}"] + [f"  {k:32s}{v / 1e9:9.3f}{v / GIB:9.3f}" for k, v in rows]
+
+
 def report(result: dict, shape, zero: dict | None, tips: list[str]) -> str:
     r, g = result, lambda b: f"{b / GIB:10.3f}"
-    lines = [f"model: {shape.num_params / 1e9:.3f}B parameters (GPT: {shape.layers} blocks, hidden "
-             f"{shape.hidden}, {shape.heads} heads, vocab {shape.vocab}, seq {shape.seq}); "
-             f"batch {r['batch']} per rank",
+    lines = [f"model: {describe(shape)}; batch {r['batch']} per rank",
              f"run:   {r['strategy']} on {r['world_size']} ranks ({r['api']}), {r['precision']}, "
              f"{r['optimizer']}, activation checkpointing {r['activation_checkpointing']}",
+             "", *state_lines(r["categories"], "model state per rank"),
              "", "per rank, GiB                       forward   backward  optimizer"]
     names = ("params", "grads", "optimizer", "buffers", "gathered", "activations", "working")
     for name in names:
@@ -168,14 +227,10 @@ def report(result: dict, shape, zero: dict | None, tips: list[str]) -> str:
         if not r["fits"]:
             lines += ["what would fit:"] + [f"  - {t}" for t in tips or ["nothing tried fits: more ranks, a smaller batch"]]
     if zero:
-        lines += ["", f"ZeRO stage {zero['stage']} (the paper's mixed-precision Adam, K = 12), "
-                  f"N_d = {r['world_size']}, GiB per rank:",
-                  f"  params {zero['params'] / GIB:.3f}  grads {zero['grads'] / GIB:.3f}  "
-                  f"optimizer {zero['optimizer'] / GIB:.3f}  total {zero['total'] / GIB:.3f}",
-                  f"  FSDP here (sharded state): params {r['categories']['params'] / GIB:.3f}  grads "
-                  f"{r['categories']['grads'] / GIB:.3f}  optimizer {r['categories']['optimizer'] / GIB:.3f}"
-                  f"  total {(r['categories']['params'] + r['categories']['grads'] + r['categories']['optimizer']) / GIB:.3f}",
-                  "  (stage 3 ~ FULL_SHARD; stage 2 ~ SHARD_GRAD_OP, which also keeps the gathered "
+        lines += ["", *state_lines(zero, f"ZeRO stage {zero['stage']} per rank (N_d = {r['world_size']})"),
+                  "  (the paper's mixed-precision Adam, K = 12: 2 + 2 + 12 bytes per parameter; FSDP "
+                  "above: 4 + 4 + 8.",
+                  "   Stage 3 ~ FULL_SHARD; stage 2 ~ SHARD_GRAD_OP, which also keeps the gathered "
                   "parameters from forward to backward)"]
     return "\n".join(lines)
 
@@ -183,7 +238,7 @@ def report(result: dict, shape, zero: dict | None, tips: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        shape, batch = shape_from(args)
+        shape, batch, notes = shape_from(args)
         settings = {"world_size": args.world_size, "strategy": args.strategy, "api": args.api,
                     "precision": args.precision, "optimizer": args.optimizer,
                     "ac": args.activation_checkpointing, "foreach": not args.no_foreach}
@@ -199,9 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     tips = suggestions(shape, batch, settings, gpu_bytes) if gpu_bytes and not result["fits"] else []
     if args.json:
         result["suggestions"] = tips
+        result["notes"] = notes
         print(json.dumps(result))
     else:
-        print(report(result, shape, zero, tips))
+        print("\n".join([report(result, shape, zero, tips), *notes]))
     return 0
 
 

@@ -3,9 +3,14 @@ against the model it describes, the CLI's output and its one-line errors. The me
 (planner vs PyTorch's trackers under torchrun) is in test_lesson7.py."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
+import re
+import shlex
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +18,7 @@ import torch
 from fsdp_course import plan as cli
 from fsdp_course.measure import activation_bytes
 from fsdp_course.model import GPT, Block, ModelConfig
-from fsdp_course.theory import memory, wrapping
+from fsdp_course.theory import decoders, memory, wrapping
 from fsdp_course.theory.sharding import fsdp_unit_numels, model_state_bytes
 
 SMALL = memory.GPTShape(vocab=27, seq=64, hidden=128, layers=4, heads=4)
@@ -139,6 +144,36 @@ def test_scaled_shape_has_about_the_asked_parameters():
         assert memory.scaled_shape(params).num_params == pytest.approx(params, rel=0.05)
 
 
+@pytest.mark.parametrize("given", [7.5e9, 1.5e9, 7e9, 123_456_789])
+def test_a_parameter_count_is_planned_exactly(given):
+    """--params N: the state counts N parameters, not the assumed GPT's (which rounds)."""
+    shape = memory.model_for_params(given)
+    assert shape.num_params == int(given) and memory.scaled_shape(given).num_params != int(given)
+    assert sum(shape.unit_numels()) == int(given)  # what the wire bytes and classic units count
+    for n, strategy, api in [(8, "FULL_SHARD", "fsdp2"), (3, "FULL_SHARD", "fsdp2"), (8, "DDP", "fsdp2")]:
+        local = int(given) if strategy == "DDP" else math.ceil(int(given) / n)
+        assert memory.sharded_state_bytes(shape, n, strategy, api) == {
+            "params": 4 * local, "grads": 4 * local, "optimizer": 8 * local}
+        assert memory.optimizer_temp_bytes(shape, n, strategy, api, foreach=True) == 4 * local
+    classic = memory.sharded_state_bytes(shape, 8, "FULL_SHARD", "classic")
+    assert classic == model_state_bytes(shape.unit_numels(), 8, "FULL_SHARD")
+    assert 0 <= classic["params"] - 4 * int(given) / 8 < 4 * len(shape.unit_numels())  # each unit's padding
+
+
+def test_calculator_and_planner_count_the_same_model_the_same(monkeypatch, repo_root):
+    """Lesson 7's calculator starts at the planner's course-gpt-7b and plans it to the byte."""
+    monkeypatch.syspath_prepend(str(repo_root / "lessons" / "07_memory"))
+    import calculator
+
+    ours = calculator.plan_for(**calculator.DEFAULTS)
+    theirs = memory.plan(SEVEN_B, 1, 8, precision="bf16-mixed", gpu_bytes=80 * GIB)
+    assert ours["num_params"] == SEVEN_B.num_params
+    for key in ("categories", "totals", "peak", "wire_bytes", "fits"):
+        assert ours[key] == theirs[key], key
+    again = calculator.plan_for(**{**calculator.DEFAULTS, "params_b": 7.5})
+    assert again["num_params"] == 7_500_000_000 == cli_json(["--params", "7.5e9"])["num_params"]
+
+
 def test_plan_refuses_settings_that_mean_nothing():
     for kwargs, said in [({"strategy": "FOO"}, "unknown strategy"), ({"api": "x"}, "unknown api"),
                          ({"precision": "fp8"}, "unknown precision"),
@@ -156,12 +191,13 @@ def run_cli(run_cmd, *args):
 def test_cli_starts_without_torch(run_cmd):
     """The planner's formulas need no torch: its command answers at once instead of after the
     seconds a torch import costs (only the course's own named models read the course's data)."""
-    probe = ("import sys; from fsdp_course import plan; "
-             "code = plan.main(['--params', '7e9', '--world-size', '8']); "
-             "print('torch imported:', 'torch' in sys.modules); sys.exit(code)")
-    r = run_cmd([sys.executable, "-c", probe], timeout=60)
-    assert r.returncode == 0, r.stderr
-    assert "needed" in r.stdout and r.stdout.splitlines()[-1] == "torch imported: False", r.stdout[-500:]
+    for args in (["--params", "7e9"], ["--hf-config", str(SAMPLES[0])]):
+        probe = ("import sys; from fsdp_course import plan; "
+                 f"code = plan.main({args!r}); "
+                 "print('imported:', 'torch' in sys.modules, 'transformers' in sys.modules); sys.exit(code)")
+        r = run_cmd([sys.executable, "-c", probe], timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert "needed" in r.stdout and r.stdout.splitlines()[-1] == "imported: False False", r.stdout[-500:]
 
 
 def test_cli_help_and_report(run_cmd):
@@ -169,7 +205,7 @@ def test_cli_help_and_report(run_cmd):
     assert r.returncode == 0
     for flag in ("--params", "--world-size", "--strategy", "--precision", "--optimizer", "--layers",
                  "--hidden", "--seq", "--batch", "--activation-checkpointing", "--gpu-gib", "--model",
-                 "--zero-stage", "--json"):
+                 "--zero-stage", "--json", "--hf-config"):
         assert flag in r.stdout
     r = run_cli(run_cmd, "--params", "7e9", "--world-size", "8", "--strategy", "FULL_SHARD",
                 "--precision", "bf16-mixed", "--optimizer", "adamw", "--gpu-gib", "80", "--zero-stage", "3")
@@ -177,6 +213,26 @@ def test_cli_help_and_report(run_cmd):
     assert "verdict   fits on a GPU of 80 GiB" in r.stdout and "ZeRO stage 3" in r.stdout
     r = run_cli(run_cmd, "--model", "course-gpt-7b", "--world-size", "8", "--precision", "bf16-mixed", "--gpu-gib", "16")
     assert "does NOT fit" in r.stdout and "on 32 ranks" in r.stdout
+
+
+def cli_json(args: list[str]) -> dict:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main([*args, "--json"]) == 0
+    return json.loads(out.getvalue())
+
+
+def test_cli_prints_the_given_count_and_the_state_in_gb_and_gib(run_cmd):
+    r = run_cli(run_cmd, "--params", "7.5e9", "--world-size", "8", "--zero-stage", "3")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("model: 7,500,000,000 parameters (7.500B, as given"), lines[0]
+    start = lines.index(next(line for line in lines if line.startswith("model state per rank")))
+    assert lines[start].split()[-2:] == ["GB", "GiB"]
+    state = {line.split()[0]: line.split()[1:] for line in lines[start + 1:start + 5]}
+    assert state["params"][:2] == ["3.750", f"{7.5e9 / 2 / GIB:.3f}"]  # 4 bytes x 7.5e9 / 8 ranks
+    assert state["total"][:2] == ["15.000", f"{15e9 / GIB:.3f}"]
+    assert "ZeRO stage 3 per rank (N_d = 8)" in r.stdout
 
 
 def test_cli_json_is_the_library(run_cmd):
@@ -212,3 +268,143 @@ def test_cli_bad_input_as_a_command(run_cmd):
     r = run_cli(run_cmd, "--params", "abc")
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr == "python -m fsdp_course.plan: error: argument --params: not a number: 'abc'\n"
+
+
+# --- Hugging Face configs (--hf-config): the count against transformers, the activations
+# against what autograd saves, one line for what the planner cannot read -----------------------
+
+SMALL_LLAMA = {"model_type": "llama", "vocab_size": 101, "hidden_size": 64, "intermediate_size": 160,
+               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "max_position_embeddings": 64, "tie_word_embeddings": False}
+HF_CONFIGS = {
+    "llama-gqa": SMALL_LLAMA,
+    "llama-biases-tied-head-dim": {**SMALL_LLAMA, "attention_bias": True, "mlp_bias": True,
+                                   "tie_word_embeddings": True, "head_dim": 32},
+    "llama-no-kv-field": {k: v for k, v in SMALL_LLAMA.items() if k != "num_key_value_heads"},
+    "mistral": {**SMALL_LLAMA, "model_type": "mistral", "num_attention_heads": 8, "num_key_value_heads": 4},
+    "mistral-no-kv-field": {**{k: v for k, v in SMALL_LLAMA.items() if k != "num_key_value_heads"},
+                            "model_type": "mistral", "num_attention_heads": 8},
+    "qwen2-tied": {**SMALL_LLAMA, "model_type": "qwen2", "tie_word_embeddings": True},
+    "qwen2-untied": {**SMALL_LLAMA, "model_type": "qwen2"},
+    "gpt2-tiny": {"model_type": "gpt2", "vocab_size": 101, "n_embd": 64, "n_layer": 2, "n_head": 4,
+                  "n_positions": 64, "attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0},
+    "gpt2-untied-n-inner-tanh": {"model_type": "gpt2", "vocab_size": 101, "n_embd": 64, "n_layer": 2,
+                                 "n_head": 4, "n_positions": 64, "n_inner": 96, "tie_word_embeddings": False,
+                                 "activation_function": "gelu_pytorch_tanh", "attn_pdrop": 0.0,
+                                 "resid_pdrop": 0.0, "embd_pdrop": 0.0},
+}
+SAMPLES = sorted((Path(__file__).resolve().parents[1] / "lessons" / "09_your_model" / "configs").glob("*.json"))
+
+
+def hf_model(cfg: dict, device: str = "meta"):
+    """The model transformers builds from this config (on the meta device: no memory)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(cfg["model_type"], **{k: v for k, v in cfg.items() if k != "model_type"})
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config)
+
+
+@pytest.mark.parametrize("cfg", [*HF_CONFIGS.values(), *[json.loads(p.read_text()) for p in SAMPLES]],
+                         ids=[*HF_CONFIGS, *[p.stem for p in SAMPLES]])
+def test_hf_config_counts_every_parameter_as_transformers_builds_it(cfg):
+    shape = decoders.from_hf_config(cfg)
+    model = hf_model(cfg)
+    assert shape.num_params == sum(p.numel() for p in model.parameters())
+    assert shape.parameter_shapes() == [tuple(p.shape) for p in model.parameters()]
+    layers = model.base_model.layers if hasattr(model.base_model, "layers") else model.base_model.h
+    assert shape.unit_numels()[1:] == [sum(p.numel() for p in layer.parameters()) for layer in layers]
+    assert shape.buffer_bytes() == sum(b.numel() * 4 for b in model.buffers())  # fp32 buffers
+
+
+def test_the_sample_configs_and_their_counts():
+    """The shipped configs (lesson 9's folder), counted without transformers: the numbers the
+    report quotes; the test above checks each against transformers."""
+    counts = {p.stem: decoders.from_hf_config(json.loads(p.read_text())).num_params for p in SAMPLES}
+    assert counts["llama3-8b"] == 8_030_261_248 and counts["gpt2"] == 124_439_808
+    assert {"tiny-llama", "tiny-qwen2"} <= set(counts)
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "llama-biases-tied-head-dim", "mistral", "qwen2-tied",
+                                  "gpt2-tiny", "gpt2-untied-n-inner-tanh"])
+@pytest.mark.parametrize("dtype,e", [(torch.float32, 4), (torch.bfloat16, 2)])
+def test_hf_activation_formulas_count_what_autograd_saves(name, dtype, e):
+    """One forward and backward of the real model on CPU (sdpa, no padding mask, no dropout),
+    with transformers' own loss: saved bytes of the layers and of the root, as the planner says."""
+    torch.manual_seed(0)
+    batch, seq = 3, 32
+    saved = {}
+    for layers in (1, 2):
+        cfg = {**HF_CONFIGS[name], ("n_layer" if "n_layer" in HF_CONFIGS[name] else "num_hidden_layers"): layers}
+        model = hf_model(cfg, "cpu").to(dtype).train()
+        ids = torch.randint(0, cfg["vocab_size"], (batch, seq))
+        with activation_bytes(model) as counted:
+            model(input_ids=ids, labels=ids).loss.backward()
+        saved[layers] = counted["bytes"]
+    shape = decoders.from_hf_config(HF_CONFIGS[name], seq=seq)
+    assert saved[2] - saved[1] == memory.block_activation_bytes(shape, batch, e)
+    assert saved[1] - (saved[2] - saved[1]) == memory.root_activation_bytes(shape, batch, e)
+
+
+def test_hf_plan_is_the_same_plan():
+    cfg = json.loads(next(p for p in SAMPLES if p.stem == "llama3-8b").read_text())
+    shape = decoders.from_hf_config(cfg, seq=4096)
+    p = memory.plan(shape, 1, 8, precision="bf16-mixed", gpu_bytes=80 * GIB)
+    assert sum(p["categories"][k] for k in ("params", "grads", "optimizer")) == 16 * shape.num_params // 8
+    assert p["peak"] == max(p["totals"].values()) and p["fits"]
+    assert not memory.plan(shape, 1, 8, precision="bf16-mixed", gpu_bytes=24 * GIB)["fits"]
+
+
+def test_cli_hf_config_reads_a_file_or_its_folder(run_cmd, tmp_path):
+    sample = next(p for p in SAMPLES if p.stem == "llama3-8b")
+    (tmp_path / "config.json").write_text(sample.read_text())
+    for where in (sample, tmp_path):
+        r = run_cli(run_cmd, "--hf-config", str(where), "--precision", "bf16-mixed", "--gpu-gib", "24")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith("model: 8,030,261,248 parameters (8.030B; llama: 32 layers"), r.stdout[:300]
+        assert "does NOT fit on a GPU of 24 GiB" in r.stdout and "what would fit:" in r.stdout
+    gpt2 = run_cli(run_cmd, "--hf-config", str(next(p for p in SAMPLES if p.stem == "gpt2")))
+    assert "124,439,808 parameters" in gpt2.stdout and "note: activations assume dropout off" in gpt2.stdout
+
+
+@pytest.mark.parametrize("cfg,said", [
+    ({**SMALL_LLAMA, "model_type": "falcon"}, "cannot read 'model_type' 'falcon'"),
+    ({k: v for k, v in SMALL_LLAMA.items() if k != "model_type"}, "cannot read 'model_type'"),
+    ({k: v for k, v in SMALL_LLAMA.items() if k != "hidden_size"}, "cannot read 'hidden_size'"),
+    ({k: v for k, v in SMALL_LLAMA.items() if k != "intermediate_size"}, "cannot read 'intermediate_size'"),
+    ({**SMALL_LLAMA, "num_key_value_heads": 3}, "cannot read 'num_key_value_heads' 3"),
+    ({**SMALL_LLAMA, "vocab_size": "big"}, "cannot read 'vocab_size'"),
+    ({**SMALL_LLAMA, "hidden_act": "relu"}, "cannot read 'hidden_act' 'relu'"),
+    ({k: v for k, v in HF_CONFIGS["gpt2-tiny"].items() if k != "n_positions"}, "cannot read 'n_positions'"),
+    ([1, 2], "expected a JSON object"),
+])
+def test_cli_bad_hf_config_is_one_line_exit_2(capsys, tmp_path, cfg, said):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert cli.main(["--hf-config", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and said in err, err
+
+
+def test_cli_hf_config_refuses_what_it_cannot_open(capsys, tmp_path):
+    (tmp_path / "bad.json").write_text("{not json")
+    for args, said in [([str(tmp_path / "missing")], "no config.json there"),
+                       ([str(tmp_path)], "no config.json there"),
+                       ([str(tmp_path / "bad.json")], "not a JSON file"),
+                       ([str(tmp_path / "bad.json"), "--params", "1e9"], "drop --params")]:
+        assert cli.main(["--hf-config", *args]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.strip().splitlines()) == 1 and said in err, err
+
+
+def test_the_commands_readme_and_help_show_run(capsys, monkeypatch):
+    """Every planner command in README.md and in --help's examples plans (exit 0)."""
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(repo)  # the commands name files from the repository's root
+    text = (repo / "README.md").read_text() + cli.__doc__.replace("\\\\", "\\")
+    commands = re.findall(r"python -m fsdp_course\.plan ((?:[^\n#]|\\\n)+)", text.replace("\\\n", " "))
+    commands = [c for c in commands if c.strip().startswith("--") and "--help" not in c]
+    assert len(commands) >= 8, commands
+    for command in commands:
+        assert cli.main(shlex.split(command)) == 0, command
+        capsys.readouterr()

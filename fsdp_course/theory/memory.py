@@ -92,9 +92,55 @@ class GPTShape:
     def unit_numels(self) -> list[int]:
         return [sum(math.prod(s) for s in unit) for unit in self.unit_shapes()]
 
+    def state_shapes(self) -> list[list[int]]:
+        """The tensors FSDP2 shards, each split by rows: every parameter's shape."""
+        return [list(s) for unit in self.unit_shapes() for s in unit]
+
     @property
     def num_params(self) -> int:
         return sum(self.unit_numels())
+
+
+@dataclass(frozen=True)
+class CountedShape(GPTShape):
+    """A model known by its parameter count ``count`` only (``--params``), planned as exactly
+    that many parameters: the sharded state (params, grads, optimizer) and the bytes on the
+    wire are counted from ``count``. What needs a layout (activations, the units held
+    gathered, the optimizer's per-tensor temporaries) comes from the assumed GPT of the other
+    fields (``model_for_params``), whose own count is only close to ``count``."""
+
+    count: int = 0
+
+    @property
+    def num_params(self) -> int:
+        return self.count
+
+    def unit_numels(self) -> list[int]:
+        """The assumed GPT's units scaled to ``count`` in all: one flat tensor each, so rank 0's
+        share of a unit is ``ceil(n / N)`` (the real tensors' padding is not known)."""
+        assumed = GPTShape.unit_numels(self)
+        total = sum(assumed)
+        units = [n * self.count // total for n in assumed]
+        units[-1] += self.count - sum(units)
+        return units
+
+    def state_shapes(self) -> list[list[int]]:
+        """One tensor of ``count`` elements: rank 0 holds ``ceil(count / N)`` of each state."""
+        return [[self.count]]
+
+
+def model_for_params(num_params: float, layers: int = 32, vocab: int = 32000, seq: int = 2048,
+                     heads: int | None = None, hidden: int | None = None) -> CountedShape:
+    """The planner's model when only the parameter count is given (``python -m fsdp_course.plan
+    --params``, lesson 7's calculator): exactly ``round(num_params)`` parameters, with the layout
+    of a GPT of about that size (``scaled_shape``, or the given ``hidden``)."""
+    count = int(round(num_params))
+    if count < 1:
+        raise ValueError(f"a model has at least 1 parameter, got {num_params!r}")
+    if hidden is None:
+        assumed = scaled_shape(count, layers=layers, vocab=vocab, seq=seq, heads=heads or 32)
+        hidden, heads = assumed.hidden, assumed.heads
+    return CountedShape(vocab, seq, hidden, layers, heads or max(1, hidden // 128), count)
 
 
 def scaled_shape(num_params: float, layers: int = 32, hidden: int = 4096, heads: int = 32,
@@ -129,6 +175,8 @@ def block_activation_bytes(shape: GPTShape, batch: int, e: int) -> int:
       + 4 b a s      attention's log-sum-exp (fp32): no s x s matrix is kept
       + s^2 e        the causal mask, as the additive float mask attention builds from it
     """
+    if hasattr(shape, "block_activation_bytes"):  # another model's own formula (theory.decoders)
+        return shape.block_activation_bytes(batch, e)
     b, s, h = batch, shape.seq, shape.hidden
     return 16 * b * s * h * e + 4 * b * s * e + 4 * b * shape.heads * s + s * s * e
 
@@ -136,6 +184,8 @@ def block_activation_bytes(shape: GPTShape, batch: int, e: int) -> int:
 def checkpointed_block_bytes(shape: GPTShape, batch: int, e: int) -> int:
     """A checkpointed block keeps only its input, ``b s h e``; the rest is computed again in
     backward (one more forward of the block per step)."""
+    if hasattr(shape, "checkpointed_block_bytes"):
+        return shape.checkpointed_block_bytes(batch, e)
     return batch * shape.seq * shape.hidden * e
 
 
@@ -143,6 +193,8 @@ def root_activation_bytes(shape: GPTShape, batch: int, e: int) -> int:
     """What the layers outside the blocks save: the final LayerNorm's input and output
     (2 b s h e) and statistics (2 b s e), the positions (8 s), and the loss's log-softmax
     (4 b s V: ``lm_loss`` computes it in fp32) with its int64 targets (8 b s)."""
+    if hasattr(shape, "root_activation_bytes"):
+        return shape.root_activation_bytes(batch, e)
     b, s = batch, shape.seq
     return 2 * b * s * shape.hidden * e + 2 * b * s * e + 8 * s + 4 * b * s * shape.vocab + 8 * b * s
 
@@ -183,6 +235,8 @@ def working_bytes(shape: GPTShape, batch: int, e: int) -> int:
       + root gradient    the head's and final norm's unsharded gradients (e bytes each), held
                          until the root's gradients are reduced at the very end of backward
     """
+    if hasattr(shape, "working_bytes"):
+        return shape.working_bytes(batch, e)
     root_grad = e * sum(math.prod(s) for s in shape.root_shapes()[2:])
     return 6 * batch * shape.seq * shape.hidden * e + root_grad
 
@@ -206,9 +260,10 @@ def backward_bytes(shape: GPTShape, batch: int, e: int, checkpointed: list[int],
     full = block_activation_bytes(shape, batch, e)
     kept = checkpointed_block_bytes(shape, batch, e)
     best, best_i, prefix = None, 0, 0
+    root = shape.backward_root_bytes(batch, e) if hasattr(shape, "backward_root_bytes") else 8 * shape.seq
     for i in range(shape.layers):
         done = (shape.layers - 1 - i) * grad_shard + (grad_buffer if i < shape.layers - 1 else 0)
-        alive = {"activations": prefix + full + 8 * shape.seq, "grads": done}
+        alive = {"activations": prefix + full + root, "grads": done}
         if best is None or sum(alive.values()) > sum(best.values()):
             best, best_i = alive, i
         prefix += kept if i in checkpointed else full
@@ -229,17 +284,19 @@ def optimizer_temp_bytes(shape: GPTShape, world_size: int, strategy: str, api: s
     if api == "classic" and strategy != "DDP":
         sizes = [4 * math.ceil(n / (1 if strategy == "NO_SHARD" else world_size))
                  for n in shape.unit_numels()]
-    else:
-        n = 1 if strategy == "DDP" else world_size
-        sizes = [4 * math.prod(fsdp2_theory.local_shape(list(s), n, 0)) for s in shape.parameter_shapes()]
-    if foreach:
-        return sum(sizes)
+        return sum(sizes) if foreach else max(prev + 2 * cur for prev, cur in zip([0] + sizes, sizes))
+    n = 1 if strategy == "DDP" else world_size
+    if foreach:  # the local parameters in all (a model known by its count: exactly its share)
+        return sum(4 * math.prod(fsdp2_theory.local_shape(list(s), n, 0)) for s in shape.state_shapes())
+    sizes = [4 * math.prod(fsdp2_theory.local_shape(list(s), n, 0)) for s in shape.parameter_shapes()]
     return max(prev + 2 * cur for prev, cur in zip([0] + sizes, sizes))
 
 
 def loss_transient_bytes(shape: GPTShape, batch: int, e: int) -> int:
     """Inside ``lm_loss`` at the end of forward: the logits (b s V e) and, with bf16, their
     fp32 copy (4 b s V), both alive while the log-softmax is computed."""
+    if hasattr(shape, "loss_transient_bytes"):
+        return shape.loss_transient_bytes(batch, e)
     logits = batch * shape.seq * shape.vocab
     return logits * e + (4 * logits if e < 4 else 0)
 
@@ -254,8 +311,7 @@ def sharded_state_bytes(shape: GPTShape, world_size: int, strategy: str, api: st
         return ddp_state_bytes(shape.num_params, optim_slots=slots)
     if api == "classic":
         return model_state_bytes(shape.unit_numels(), world_size, strategy, optim_slots=slots)
-    shapes = [list(s) for unit in shape.unit_shapes() for s in unit]
-    return fsdp2_theory.state_bytes_theory(shapes, world_size, rank=0, optim_slots=slots)
+    return fsdp2_theory.state_bytes_theory(shape.state_shapes(), world_size, rank=0, optim_slots=slots)
 
 
 def _block_grad_shard_bytes(shape: GPTShape, world_size: int, strategy: str, api: str) -> int:
@@ -375,7 +431,7 @@ def check(shape: GPTShape, batch: int, world_size: int, strategy: str, api: str,
                         ("world size", world_size)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
-    if shape.hidden % shape.heads:
+    if isinstance(shape, GPTShape) and shape.hidden % shape.heads:
         raise ValueError(f"hidden {shape.hidden} must be a multiple of heads {shape.heads}")
     for name, value, choices in (("strategy", strategy, STRATEGIES), ("api", api, APIS),
                                  ("precision", precision, tuple(PRECISIONS)),

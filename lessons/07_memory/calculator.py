@@ -11,19 +11,24 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from fsdp_course.plan import MODELS
 from fsdp_course.theory import memory
 
 GIB = 1024 ** 3
 PARTS = ("params", "grads", "optimizer", "buffers", "gathered", "activations", "working")
 COLORS = ("#4c72b0", "#dd8452", "#55a868", "#8c8c8c", "#c44e52", "#8172b3", "#937860")
-DEFAULTS = {"params_b": 7.0, "world_size": 8, "strategy": "FULL_SHARD", "precision": "bf16-mixed",
-            "ac": "none", "batch": 1, "seq": 2048, "gpu_gib": 80.0}
+# It starts at section 1's model: the planner's course-gpt-7b, by its own count.
+DEFAULTS = {"params_b": MODELS["course-gpt-7b"]().num_params / 1e9, "world_size": 8,
+            "strategy": "FULL_SHARD", "precision": "bf16-mixed", "ac": "none", "batch": 1,
+            "seq": 2048, "gpu_gib": 80.0}
 
 
 def plan_for(params_b: float, world_size: int, strategy: str, precision: str, ac: str,
              batch: int, seq: int, gpu_gib: float) -> dict:
-    """The planner for a GPT of ``params_b`` billion parameters (32 blocks, width to match)."""
-    shape = memory.scaled_shape(params_b * 1e9, seq=seq)
+    """The planner for exactly ``params_b`` billion parameters, as ``python -m fsdp_course.plan
+    --params`` plans them (``memory.model_for_params``: a 32-block GPT of that size for the
+    activations)."""
+    shape = memory.model_for_params(params_b * 1e9, seq=seq)
     return memory.plan(shape, batch, world_size, strategy=strategy, api="fsdp2",
                        precision=precision, ac=ac, gpu_bytes=gpu_gib * GIB)
 
@@ -43,7 +48,7 @@ def figure(settings: dict, ax=None):
             label=f"allowance {allowance:.1f}")
     ax.axvline(settings["gpu_gib"], color="black", linestyle="--")
     verdict = "fits" if result["fits"] else "does NOT fit"
-    ax.set_title(f"{result['num_params'] / 1e9:.1f}B params, {settings['strategy']} on "
+    ax.set_title(f"{result['num_params'] / 1e9:.3f}B params, {settings['strategy']} on "
                  f"{settings['world_size']} GPUs: {result['needed'] / GIB:.1f} GiB per rank "
                  f"at the peak ({result['peak_moment']}) -> {verdict} in {settings['gpu_gib']:g} GiB")
     ax.set_yticks([])
@@ -61,7 +66,7 @@ def memory_calculator(**start):
     values = {**DEFAULTS, **start}
     controls = {
         "params_b": widgets.FloatLogSlider(value=values["params_b"], base=10, min=-1, max=2.5,
-                                           step=0.05, description="params (B)"),
+                                           step=0.05, readout_format=".3f", description="params (B)"),
         "world_size": widgets.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64, 128, 256],
                                               value=values["world_size"], description="GPUs"),
         "strategy": widgets.Dropdown(options=list(memory.STRATEGIES[:2]) + ["DDP"],
