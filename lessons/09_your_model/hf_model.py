@@ -46,11 +46,36 @@ def build(config, device: str | torch.device = "cpu", seed: int | None = None):
         return AutoModelForCausalLM.from_config(config)
 
 
+def build_on_rank0(config, env, seed: int):
+    """The plain model on rank 0 only, on CPU (the host holds it once; ranks get shards)."""
+    return build(config, "cpu", seed=seed) if env.is_rank0 else None
+
+
+def read_config(path: str):
+    """``AutoConfig.from_pretrained`` of a folder or a config.json file: sizes only, no weights."""
+    from transformers import AutoConfig
+
+    file = Path(path)
+    folder = file.parent if file.is_file() else file
+    if not (folder / "config.json").is_file() and not file.is_file():
+        raise CourseError(f"--hf-config {path}: no config.json there")
+    if file.is_file() and file.name != "config.json":
+        import json
+
+        from transformers import CONFIG_MAPPING
+
+        data = json.loads(file.read_text())
+        return CONFIG_MAPPING[data.pop("model_type")](**data)
+    return AutoConfig.from_pretrained(folder)
+
+
 def block_classes(model) -> set[type]:
     """The decoder block classes, read from the model: ``_no_split_modules`` names the modules a
     device map must keep whole (accelerate's FSDP auto wrap reads the same attribute)."""
     names = set(getattr(model, "_no_split_modules", None) or ())
-    classes = {type(m) for m in model.modules() if type(m).__name__ in names}
+    # By the class's own name or a base's: fully_shard turns LlamaDecoderLayer's class into a
+    # subclass named FSDPLlamaDecoderLayer.
+    classes = {c for m in model.modules() for c in type(m).__mro__ if c.__name__ in names}
     if not classes:
         raise CourseError(f"{type(model).__name__} names no block class in _no_split_modules "
                           f"({sorted(names) or 'empty'}): pass the block class yourself")
@@ -58,21 +83,25 @@ def block_classes(model) -> set[type]:
 
 
 def blocks(model) -> list[torch.nn.Module]:
-    classes = block_classes(model)
-    return [m for m in model.modules() if type(m) in classes]
+    classes = tuple(block_classes(model))
+    return [m for m in model.modules() if isinstance(m, classes)]
 
 
 def refill_buffers(model, reference) -> int:
-    """Copy every buffer (rotary ``inv_freq``) from a model built on a real device. A meta build
-    leaves non-persistent buffers as whatever ``to_empty`` allocated, and no state dict holds
-    them; returns how many differed."""
-    mine, theirs = dict(model.named_buffers()), dict(reference.named_buffers())
+    """Copy every buffer (rotary ``inv_freq``) from rank 0's plain model, broadcast to all
+    ranks. A meta build leaves non-persistent buffers as whatever ``to_empty`` allocated, and no
+    state dict holds them. Returns how many of them differed (on rank 0)."""
+    import torch.distributed as dist
+
+    theirs = dict(reference.named_buffers()) if reference is not None else {}
     wrong = 0
     with torch.no_grad():
-        for name, buffer in mine.items():
-            source = theirs[name.replace(WRAPPED, "")]
-            wrong += not torch.equal(buffer, source)
-            buffer.copy_(source)
+        for name, buffer in model.named_buffers():
+            if reference is not None:
+                source = theirs[name.replace(WRAPPED, "")]
+                wrong += not torch.equal(buffer, source)
+                buffer.copy_(source)
+            dist.broadcast(buffer, src=0)  # buffers are not sharded: every rank holds them whole
     return wrong
 
 
@@ -92,6 +121,11 @@ def load_corpus(path: str | None, seed: int) -> TextData:
 def probe_ids(data: TextData, seq_len: int) -> torch.Tensor:
     """The fixed input every logits comparison uses: the corpus's first ``seq_len`` bytes."""
     return data.tokens[:seq_len].unsqueeze(0)
+
+
+def compute_dtype(cfg) -> torch.dtype:
+    """What forward computes in: bf16 under the mixed-precision policy, else fp32."""
+    return torch.bfloat16 if cfg.mixed_precision else torch.float32
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -118,14 +152,19 @@ def fsdp_units(model) -> list[str]:
     return [name for name, m in model.named_modules() if isinstance(m, FSDPModule)]
 
 
-def quiet() -> None:
+def quiet(device: torch.device) -> None:
     """transformers' and DeepSpeed's start-up chatter: said once here, not by every rank."""
     import logging
+    import os
+
+    if device.type == "cpu":  # DeepSpeed would guess the CPU and warn, on every rank
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import warnings
 
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message=".*torch.distributed.*")
 
@@ -137,17 +176,20 @@ def describe_model(model) -> dict:
             "config": model.config.to_dict()}
 
 
-def sharding_report(model, reference) -> dict:
+def sharding_report(model) -> dict:
     """What fully_shard made of the model: its units, the placements, this rank's share."""
     from torch.distributed.tensor import DTensor
 
     params = list(model.parameters())
-    return {"fsdp_units": fsdp_units(model), "num_blocks": len(blocks(reference)),
+    from torch.distributed.fsdp import FSDPModule
+
+    return {"fsdp_units": fsdp_units(model), "num_blocks": len(blocks(model)),
+            "block_units": sum(isinstance(b, FSDPModule) for b in blocks(model)),
             "placements": sorted({str(p.placements) for p in params if isinstance(p, DTensor)}),
             "dtensor_params": sum(isinstance(p, DTensor) for p in params), "num_tensors": len(params),
             "local_param_bytes": sum(p.to_local().numel() * p.element_size() if isinstance(p, DTensor)
                                      else p.numel() * p.element_size() for p in params),
-            "full_param_bytes": sum(p.numel() * p.element_size() for p in reference.parameters())}
+            "full_param_bytes": sum(p.numel() * p.element_size() for p in params)}  # DTensor: global
 
 
 def one_step(model, optimizer, data, cfg, env, step: int) -> float:
@@ -172,14 +214,30 @@ def read_safetensors(folder: Path) -> dict:
     return state
 
 
+def fresh_folder(path: str, env) -> Path:
+    """``path`` without what an earlier run wrote there (rank 0 removes it; all ranks wait)."""
+    import shutil
+
+    import torch.distributed as dist
+
+    out = Path(path)
+    if env.is_rank0:
+        for name in ("dcp", "hf_full", "hf_dcp", "logits.pt"):
+            target = out / name
+            shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    return out
+
+
 def files(folder: Path) -> list[dict]:
     return [{"name": p.relative_to(folder).as_posix(), "bytes": p.stat().st_size}
             for p in sorted(Path(folder).rglob("*")) if p.is_file()]
 
 
-def compare_with_from_pretrained(model, folder: Path, probe: torch.Tensor, env) -> dict:
+def compare_with_from_pretrained(model, folder: Path, probe: torch.Tensor, env, dtype) -> dict:
     """Collective: the sharded model's full tensors and logits against ``from_pretrained``
-    (loaded by rank 0, in the dtype the sharded model computes in)."""
+    (loaded by rank 0 in ``dtype``, the dtype the sharded model computes in)."""
     from transformers import AutoModelForCausalLM
 
     full = get_full(model)
@@ -187,8 +245,9 @@ def compare_with_from_pretrained(model, folder: Path, probe: torch.Tensor, env) 
         logits = model(probe).logits.float()
     if not env.is_rank0:
         return {}
-    plain = AutoModelForCausalLM.from_pretrained(folder)
-    same = sum(torch.equal(full[name], tensor) for name, tensor in plain.state_dict().items())
+    same = sum(torch.equal(full[name], tensor) for name, tensor in
+               AutoModelForCausalLM.from_pretrained(folder).state_dict().items())
+    plain = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     with torch.no_grad():
         plain_logits = plain(probe.cpu()).logits.float()
     return {"tensors": len(full), "tensors_equal": same,

@@ -17,7 +17,6 @@ and classic FSDP on the same model, data and initial weights, in fp32.
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -46,15 +45,18 @@ def flag(default, help: str, **more):
 
 @dataclass
 class Config(TrainConfig):
+    steps: int = flag(12, "optimizer steps")
     batch_size: int = flag(4, "sequences per rank per step")
+    log_every: int = flag(3, "print a metric line every N steps")
     family: str = flag("llama", "the transformers model family built from config", choices=hf.FAMILIES)
-    ffn: int = flag(256, "MLP width (intermediate_size)")
+    ffn: int = flag(352, "MLP width (intermediate_size)")
     kv_heads: int = flag(2, "key/value heads (grouped-query attention)")
     parts: tuple = flag(PARTS, list_help("parts", PARTS), parse=names_from(PARTS))
     mixed_precision: bool = flag(True, "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)")
     activation_checkpointing: bool = flag(True, "recompute each block in backward")
     compare: tuple = flag(zero.VARIANTS, list_help("variants", zero.VARIANTS), parse=names_from(zero.VARIANTS))
     compare_steps: int = flag(3, "steps per variant in the comparison (fp32)", parse=int_at_least(1))
+    hf_config: str | None = flag(None, "build the model from this config.json (or its folder) instead")
     out: str = flag("runs/lesson9", "where checkpoints and exported models go")
     shard_module: str | None = flag(None, "a .py file defining shard(model, mesh), called instead of fully_shard")
 
@@ -65,7 +67,7 @@ def shard(cfg, env, mesh, config, reference, shard_fn=None):
     block_cls = hf.block_classes(model)  # from model._no_split_modules, e.g. LlamaDecoderLayer
     # Activation checkpointing first: fully_shard then sees the wrapped blocks (FSDP2's order).
     if cfg.activation_checkpointing:
-        apply_activation_checkpointing(model, check_fn=lambda m: type(m) in block_cls)
+        apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, tuple(block_cls)))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if cfg.mixed_precision else MixedPrecisionPolicy()
     if shard_fn is not None:
@@ -76,7 +78,8 @@ def shard(cfg, env, mesh, config, reference, shard_fn=None):
         fully_shard(model, mesh=mesh, mp_policy=policy)
     model.to_empty(device=env.device)  # this rank's shards, uninitialised
     garbage = hf.refill_buffers(model, reference)  # rotary inv_freq: in no state dict
-    # As from a checkpoint only rank 0 read: the others receive rank 0's tensors.
+    # Only rank 0 holds the whole model (a 70B one needs a big host, not 8 copies of it): the
+    # others receive their shards of rank 0's tensors.
     set_model_state_dict(model, reference.state_dict() if env.is_rank0 else {},
                          options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     return model, garbage
@@ -101,7 +104,7 @@ def train(cfg, env, data, model, optimizer) -> dict:
 
 
 def checkpoints(cfg, env, mesh, config, reference, model, optimizer, data) -> dict:
-    out = Path(cfg.out)
+    out = hf.fresh_folder(cfg.out, env)  # what an earlier run left there is removed first
     # --- DCP: every rank writes its own shards (and the optimizer's), in parallel ------------
     dcp.save(dict(zip(("model", "optim"), get_state_dict(model, optimizer))), checkpoint_id=out / "dcp")
     # --- export 1: gather the full state dict to rank 0, then transformers' save_pretrained -----
@@ -121,7 +124,7 @@ def checkpoints(cfg, env, mesh, config, reference, model, optimizer, data) -> di
     if env.is_rank0:
         torch.save(logits, out / "logits.pt")  # what from_pretrained must reproduce
     # --- resume: a model started from another seed loads the DCP checkpoint -------------------
-    other, _ = shard(cfg, env, mesh, config, hf.build(config, seed=cfg.seed + 1))
+    other, _ = shard(cfg, env, mesh, config, hf.build_on_rank0(config, env, seed=cfg.seed + 1))
     other_optimizer = torch.optim.AdamW(other.parameters(), lr=cfg.lr)
     state = dict(zip(("model", "optim"), get_state_dict(other, other_optimizer)))
     differs_before = not compare_fingerprints(fingerprint(model), fingerprint(other))["equal"]
@@ -130,10 +133,10 @@ def checkpoints(cfg, env, mesh, config, reference, model, optimizer, data) -> di
     loaded = compare_fingerprints(fingerprint(model, optimizer), fingerprint(other, other_optimizer))
     next_losses = [hf.one_step(m, o, data, cfg, env, cfg.steps) for m, o in ((model, optimizer), (other, other_optimizer))]
     # --- the way in: rank 0 reads a Hugging Face checkpoint, every rank gets its shards --------
-    fresh, _ = shard(cfg, env, mesh, config, hf.build(config, seed=cfg.seed + 2))
+    fresh, _ = shard(cfg, env, mesh, config, hf.build_on_rank0(config, env, seed=cfg.seed + 2))
     set_model_state_dict(fresh, hf.read_safetensors(out / "hf_full") if env.is_rank0 else {},
                          options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-    way_in = hf.compare_with_from_pretrained(fresh, out / "hf_full", probe, env)
+    way_in = hf.compare_with_from_pretrained(fresh, out / "hf_full", probe, env, hf.compute_dtype(cfg))
     return {"dcp_files": hf.files(out / "dcp"), "hf_full_files": hf.files(out / "hf_full"),
             "hf_dcp_files": hf.files(out / "hf_dcp"), "differs_before_load": differs_before,
             "loaded": loaded, "next_losses": next_losses, "way_in": way_in, "out": str(out)}
@@ -143,28 +146,29 @@ def main() -> None:
     cfg = parse_config(Config, __doc__)
     with distributed(seed=cfg.seed) as env:
         # --- setup --------------------------------------------------------------------------
-        hf.quiet()
+        hf.quiet(env.device)
         data = hf.load_corpus(cfg.data, cfg.seed)
-        config = hf.config_for(cfg.family, cfg, data.vocab_size)  # what a config.json holds
-        reference = hf.build(config, env.device, seed=cfg.seed)  # plain: the same on every rank
+        # What a config.json holds: read one (--hf-config), or the family's config with our sizes.
+        config = hf.read_config(cfg.hf_config) if cfg.hf_config else hf.config_for(cfg.family, cfg, data.vocab_size)
+        reference = hf.build_on_rank0(config, env, seed=cfg.seed)  # the plain model; None elsewhere
         shard_fn = hf.load_shard_fn(cfg.shard_module) if cfg.shard_module else None
         env.print0(f"lesson 9 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
         mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("shard",))
-        results = hf.describe_model(reference)
-        env.print0(f"{results['class']}: {results['num_params']:,} parameters, blocks: {results['block_classes']}")
+        results = hf.describe_model(reference) if env.is_rank0 else {}
+        env.print0(f"{results.get('class')}: {results.get('num_params', 0):,} parameters, blocks: {results.get('block_classes')}")
 
         # --- model, shard, optimizer, loop: bf16 compute, fp32 master weights and reduction ----
         if {"train", "checkpoint"} & set(cfg.parts):
             model, garbage = shard(cfg, env, mesh, config, reference, shard_fn)
             optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)  # after sharding: DTensors
             results["train"] = dict(train(cfg, env, data, model, optimizer), garbage_buffers=garbage,
-                                    **hf.sharding_report(model, reference))
+                                    **hf.sharding_report(model))
         # --- checkpoints that leave the course ---------------------------------------------
         if "checkpoint" in cfg.parts:
             results["checkpoint"] = checkpoints(cfg, env, mesh, config, reference, model, optimizer, data)
         # --- DeepSpeed ZeRO beside FSDP, fp32 ---------------------------------------------
         if "compare" in cfg.parts:
-            results["compare"] = zero.compare(cfg, env, mesh, reference, data)
+            results["compare"] = zero.compare(cfg, env, mesh, hf.build(config, seed=cfg.seed), data)
 
         # --- report ------------------------------------------------------------------------
         hf.print_report(env, results)

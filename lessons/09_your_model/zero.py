@@ -65,6 +65,24 @@ def no_shm_build() -> None:
     deepspeed.ops.__compatible_ops__ = {"deepspeed_shm_comm": False}
 
 
+def deepspeed_facts() -> dict:
+    """DeepSpeed's version, the defaults this lesson overrides, and what it has JIT-built."""
+    from pathlib import Path
+
+    import deepspeed
+    from deepspeed.runtime.constants import GRADIENT_CLIPPING_DEFAULT
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    built = Path.home() / ".cache" / "torch_extensions"
+    zero_defaults = DeepSpeedZeroConfig()
+    return {"version": deepspeed.__version__,
+            "defaults": {"gradient_clipping": GRADIENT_CLIPPING_DEFAULT,
+                         "stage3_param_persistence_threshold": zero_defaults.param_persistence_threshold,
+                         "reduce_bucket_size": zero_defaults.reduce_bucket_size,
+                         "stage3_max_live_parameters": zero_defaults.max_live_parameters},
+            "built_extensions": sorted(p.name for p in built.glob("*/*")) if built.is_dir() else []}
+
+
 def build_deepspeed(variant, reference, lr, batch_size):
     import deepspeed
 
@@ -117,7 +135,7 @@ def zero_bytes(variant, engine, zero_optimizer, after: str) -> dict:
     return out
 
 
-def compare(cfg, env, mesh, reference, data) -> list[dict]:
+def compare(cfg, env, mesh, reference, data) -> dict:
     """Train every variant of ``cfg.compare`` from ``reference``'s weights on the same batches."""
     runs = []
     for variant in cfg.compare:
@@ -155,7 +173,8 @@ def compare(cfg, env, mesh, reference, data) -> list[dict]:
                      "config": deepspeed_config(variant, cfg.batch_size) if zero else None})
         env.print0(f"{variant:14s} losses " + " ".join(f"{v:.6f}" for v in losses) + " | per-rank bytes "
                    + " ".join(f"{k} {v:,}" for k, v in memory.items()))
-    return runs
+    facts = deepspeed_facts() if any(v.startswith("zero") for v in cfg.compare) else {}
+    return {"runs": runs, "deepspeed": facts}
 
 
 def _digest(model, zero: bool) -> str:
