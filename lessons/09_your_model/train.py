@@ -51,7 +51,8 @@ class Config(TrainConfig):
     family: str = flag("llama", "the transformers model family built from config", choices=hf.FAMILIES)
     ffn: int = flag(352, "MLP width (intermediate_size)")
     kv_heads: int = flag(2, "key/value heads (grouped-query attention)")
-    parts: tuple = flag(PARTS, list_help("parts", PARTS), parse=names_from(PARTS))
+    parts: tuple = flag(PARTS, list_help("parts", PARTS) + " (compare builds the model on every rank: "
+                        "small models only)", parse=names_from(PARTS))
     mixed_precision: bool = flag(True, "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)")
     activation_checkpointing: bool = flag(True, "recompute each block in backward")
     compare: tuple = flag(zero.VARIANTS, list_help("variants", zero.VARIANTS), parse=names_from(zero.VARIANTS))
@@ -98,12 +99,13 @@ def train(cfg, env, data, model, optimizer) -> dict:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         memory = probe.peaks if watch else memory
-        logger.log(step, mean_over_ranks(loss), (time.perf_counter() - start) * 1e3, memory["peak"] / MiB if watch else None, None,
+        ms = (time.perf_counter() - start) * 1e3
+        logger.log(step, mean_over_ranks(loss), ms, memory["peak"] / MiB if watch else None, None,
                    last=watch or step == cfg.steps - 1)
     return {"history": logger.history, "memory": memory}
 
 
-def checkpoints(cfg, env, mesh, config, reference, model, optimizer, data) -> dict:
+def checkpoints(cfg, env, mesh, config, model, optimizer, data) -> dict:
     out = hf.fresh_folder(cfg.out, env)  # what an earlier run left there is removed first
     # --- DCP: every rank writes its own shards (and the optimizer's), in parallel ------------
     dcp.save(dict(zip(("model", "optim"), get_state_dict(model, optimizer))), checkpoint_id=out / "dcp")
@@ -165,7 +167,7 @@ def main() -> None:
                                     **hf.sharding_report(model))
         # --- checkpoints that leave the course ---------------------------------------------
         if "checkpoint" in cfg.parts:
-            results["checkpoint"] = checkpoints(cfg, env, mesh, config, reference, model, optimizer, data)
+            results["checkpoint"] = checkpoints(cfg, env, mesh, config, model, optimizer, data)
         # --- DeepSpeed ZeRO beside FSDP, fp32 ---------------------------------------------
         if "compare" in cfg.parts:
             results["compare"] = zero.compare(cfg, env, mesh, hf.build(config, seed=cfg.seed), data)

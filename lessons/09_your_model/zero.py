@@ -191,5 +191,5 @@ def _digest(model, zero: bool) -> str:
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     h = hashlib.sha256()
     for name in sorted(full):
-        h.update(name.encode() + full[name].float().contiguous().numpy().tobytes())
+        h.update(name.encode() + full[name].float().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
