@@ -12,7 +12,9 @@ and classic FSDP on the same model, data and initial weights, in fp32.
     bash launch/lesson9.sh --parts train --steps 40         # train longer
     bash launch/lesson9.sh --parts compare --compare zero3,fsdp2 --compare-steps 5
     bash launch/lesson9.sh --family qwen2 --shard-module solutions/lesson9_shard.py --parts train
-    NPROC=8 bash launch/lesson9.sh --d-model 4096 ...        # the same script on 8 GPUs (NCCL)
+    # a GPU node (one rank per GPU, NCCL): an 8B model from its config.json (not run on CPU)
+    bash launch/lesson9.sh --hf-config lessons/09_your_model/configs/llama3-8b.json \\
+        --parts train,checkpoint --seq-len 2048 --batch-size 1
 """
 
 import time
@@ -46,6 +48,7 @@ def flag(default, help: str, **more):
 @dataclass
 class Config(TrainConfig):
     steps: int = flag(12, "optimizer steps")
+    data: str | None = flag(None, "train on this file's bytes instead of lessons/09_your_model/corpus.txt")
     batch_size: int = flag(4, "sequences per rank per step")
     log_every: int = flag(3, "print a metric line every N steps")
     family: str = flag("llama", "the transformers model family built from config", choices=hf.FAMILIES)
