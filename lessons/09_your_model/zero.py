@@ -79,7 +79,8 @@ def deepspeed_facts() -> dict:
             "defaults": {"gradient_clipping": GRADIENT_CLIPPING_DEFAULT,
                          "stage3_param_persistence_threshold": zero_defaults.param_persistence_threshold,
                          "reduce_bucket_size": zero_defaults.reduce_bucket_size,
-                         "stage3_max_live_parameters": zero_defaults.max_live_parameters},
+                         "stage3_max_live_parameters": zero_defaults.max_live_parameters,
+                         "stage3_max_reuse_distance": zero_defaults.max_reuse_distance},
             "built_extensions": sorted(p.name for p in built.glob("*/*")) if built.is_dir() else []}
 
 
