@@ -52,21 +52,21 @@ def build_on_rank0(config, env, seed: int):
 
 
 def read_config(path: str):
-    """``AutoConfig.from_pretrained`` of a folder or a config.json file: sizes only, no weights."""
-    from transformers import AutoConfig
-
+    """The config a ``config.json`` (or the folder holding it) describes: sizes, no weights."""
     file = Path(path)
     folder = file.parent if file.is_file() else file
     if not (folder / "config.json").is_file() and not file.is_file():
         raise CourseError(f"--hf-config {path}: no config.json there")
-    if file.is_file() and file.name != "config.json":
-        import json
+    import json
 
-        from transformers import CONFIG_MAPPING
+    from transformers import CONFIG_MAPPING
 
-        data = json.loads(file.read_text())
-        return CONFIG_MAPPING[data.pop("model_type")](**data)
-    return AutoConfig.from_pretrained(folder)
+    try:  # a file of any name, as the planner takes it; AutoConfig wants config.json in a folder
+        data = json.loads((file if file.is_file() else folder / "config.json").read_text())
+        kind = CONFIG_MAPPING[data.pop("model_type")]
+    except (ValueError, KeyError) as exc:
+        raise CourseError(f"--hf-config {path}: not a transformers config.json ({type(exc).__name__}: {exc})") from None
+    return kind(**data)
 
 
 def block_classes(model) -> set[type]:
