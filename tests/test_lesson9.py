@@ -216,3 +216,26 @@ def test_bad_flag_is_one_line(run_launcher):
 def test_help_says_how_to_launch(run_launcher):
     r = run_launcher("lesson9.sh", "--help", timeout=120)
     assert r.returncode == 0 and "bash launch/lesson9.sh" in r.stdout and "--hf-config" in r.stdout
+
+
+def test_configs_and_block_classes_in_process(tmp_path):
+    """--hf-config reads a config.json of any name (or its folder); each family's blocks are
+    found from _no_split_modules, also after fully_shard renames their class."""
+    from fsdp_course.dist import CourseError
+
+    hf = lesson_script(9, "hf_model")
+    qwen = hf.read_config(str(REPO_ROOT / "lessons/09_your_model/configs/tiny-qwen2.json"))
+    assert type(qwen).__name__ == "Qwen2Config" and qwen.hidden_size == 128 and qwen.tie_word_embeddings
+    model = hf.build(qwen, "meta")
+    assert {c.__name__ for c in hf.block_classes(model)} == {"Qwen2DecoderLayer"}
+    assert len(hf.blocks(model)) == qwen.num_hidden_layers
+    renamed = type("FSDPQwen2DecoderLayer", (type(hf.blocks(model)[0]),), {})  # what fully_shard does
+    hf.blocks(model)[0].__class__ = renamed
+    assert len(hf.blocks(model)) == qwen.num_hidden_layers
+    train = lesson_script(9)
+    mistral = hf.config_for("mistral", train.Config(), 256)
+    assert {c.__name__ for c in hf.block_classes(hf.build(mistral, "meta"))} == {"MistralDecoderLayer"}
+    (tmp_path / "bad.json").write_text('{"model_type": "nonsense"}')
+    for bad in (tmp_path / "bad.json", tmp_path):
+        with pytest.raises(CourseError):
+            hf.read_config(str(bad))
