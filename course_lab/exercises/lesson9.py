@@ -48,7 +48,7 @@ def launch_args(path: str, main: dict) -> list[str]:
 def check_shard(shard, main: dict, nproc: int | None = None, run=None) -> tuple[bool, str]:
     if _untouched(shard):
         raise NotImplementedError
-    from course_lab.notebook import learner_file
+    from course_lab.learner import learner_file
 
     if run is None:
         from course_lab.notebook import run_lesson as run
