@@ -8,7 +8,6 @@ imported where used).
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import torch
@@ -130,19 +129,6 @@ def compute_dtype(cfg) -> torch.dtype:
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-
-
-def load_shard_fn(path: str):
-    """``shard(model, mesh)`` from the learner's file (the exercise)."""
-    file = Path(path)
-    if not file.is_file():
-        raise CourseError(f"--shard-module {path}: no such file")
-    spec = importlib.util.spec_from_file_location("learner_shard", file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not callable(getattr(module, "shard", None)):
-        raise CourseError(f"--shard-module {path}: defines no function shard(model, mesh)")
-    return module.shard
 
 
 def fsdp_units(model) -> list[str]:

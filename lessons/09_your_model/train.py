@@ -34,6 +34,7 @@ import zero  # this lesson's DeepSpeed comparison
 from fsdp_course.checkpoint import compare_fingerprints, fingerprint
 from fsdp_course.config import TrainConfig, describe, int_at_least, list_help, names_from, parse_config
 from fsdp_course.dist import distributed, mean_over_ranks
+from fsdp_course.learner import load_learner
 from fsdp_course.measure import MiB
 from fsdp_course.measure_fsdp2 import MemoryProbe
 from fsdp_course.report import MetricLogger, write_metrics
@@ -156,7 +157,7 @@ def main() -> None:
         # What a config.json holds: read one (--hf-config), or the family's config with our sizes.
         config = hf.read_config(cfg.hf_config) if cfg.hf_config else hf.config_for(cfg.family, cfg, data.vocab_size)
         reference = hf.build_on_rank0(config, env, seed=cfg.seed)  # the plain model; None elsewhere
-        shard_fn = hf.load_shard_fn(cfg.shard_module) if cfg.shard_module else None
+        shard_fn = load_learner(cfg.shard_module, "--shard-module", "shard(model, mesh)").shard if cfg.shard_module else None
         env.print0(f"lesson 9 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
         mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("shard",))
         results = hf.describe_model(reference) if env.is_rank0 else {}
