@@ -64,8 +64,9 @@ def prune(root: str | Path, keep: int) -> None:
     """Delete all but the newest ``keep`` checkpoints (call on one rank). ``keep`` is at least
     1: the newest checkpoint is the one a resume needs."""
     if keep < 1:
-        raise ValueError(f"keep must be at least 1 (the newest checkpoint is the one a resume "
-                         f"needs), got {keep}")
+        raise ValueError(
+            f"keep must be at least 1 (the newest checkpoint is the one a resume needs), got {keep}"
+        )
     for old in published(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -107,8 +108,11 @@ def list_files(path: str | Path) -> list[dict]:
     path = Path(path)
     if path.is_file():
         return [{"file": path.name, "bytes": path.stat().st_size}]
-    return [{"file": str(p.relative_to(path)), "bytes": p.stat().st_size}
-            for p in sorted(path.rglob("*")) if p.is_file()]
+    return [
+        {"file": str(p.relative_to(path)), "bytes": p.stat().st_size}
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    ]
 
 
 def local_part(t: torch.Tensor) -> torch.Tensor:
@@ -140,8 +144,15 @@ def describe_tree(tree, prefix: str = "", limit: int | None = None) -> list[dict
     def walk(node, key):
         if torch.is_tensor(node):
             part = local_part(node)
-            rows.append({"key": key, "type": type(node).__name__, "shape": list(node.shape),
-                         "local shape": list(part.shape), "bytes": part.numel() * part.element_size()})
+            rows.append(
+                {
+                    "key": key,
+                    "type": type(node).__name__,
+                    "shape": list(node.shape),
+                    "local shape": list(part.shape),
+                    "bytes": part.numel() * part.element_size(),
+                }
+            )
         elif isinstance(node, dict):
             for k, v in node.items():
                 walk(v, f"{key}.{k}" if key else str(k))
@@ -155,7 +166,9 @@ def describe_tree(tree, prefix: str = "", limit: int | None = None) -> list[dict
 
 def digest(t: torch.Tensor) -> str:
     t = t.detach().cpu().reshape(-1).contiguous()
-    return hashlib.sha256(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"").hexdigest()[:16]
+    return hashlib.sha256(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"").hexdigest()[
+        :16
+    ]
 
 
 def quiet_state_dict_warnings() -> None:
@@ -165,9 +178,12 @@ def quiet_state_dict_warnings() -> None:
     and internal notes (``_get_pg_default_device``, "Multiple backends", ShardedTensor)."""
     import warnings
 
-    for message in (".*_get_pg_default_device.*", ".*Multiple backends are registered.*",
-                    ".*Please use DTensor instead and we are deprecating ShardedTensor.*",
-                    ".*FSDP.state_dict_type\\(\\) and FSDP.set_state_dict_type\\(\\) are being deprecated.*"):
+    for message in (
+        ".*_get_pg_default_device.*",
+        ".*Multiple backends are registered.*",
+        ".*Please use DTensor instead and we are deprecating ShardedTensor.*",
+        ".*FSDP.state_dict_type\\(\\) and FSDP.set_state_dict_type\\(\\) are being deprecated.*",
+    ):
         warnings.filterwarnings("ignore", message=message)
 
 
@@ -178,8 +194,9 @@ def rng_digests() -> dict:
     return {f"rng.rank{rank}": state for rank, state in enumerate(states)}
 
 
-def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                rng: bool = False) -> dict:
+def fingerprint(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, rng: bool = False
+) -> dict:
     """SHA-256 (16 hex digits) of every full tensor of the model and the optimizer state, and
     with ``rng=True`` of every rank's RNG state.
 
@@ -187,11 +204,16 @@ def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None 
     ``cpu_offload=False`` because classic FSDP's offload path fails on CPU ranks, where the
     tensors are in CPU memory already (``bash launch/lesson4.sh --bug offload-cpu`` runs it).
     """
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=False)
-    result = {f"model.{k}": digest(v) for k, v in get_model_state_dict(model, options=options).items()}
+    result = {
+        f"model.{k}": digest(v) for k, v in get_model_state_dict(model, options=options).items()
+    }
     if optimizer is not None:
         osd = get_optimizer_state_dict(model, optimizer, options=options)
         for name, state in osd["state"].items():
@@ -219,26 +241,36 @@ def check_loadable(path: str | Path, expected: dict[str, list[int]] | None = Non
     if not path.exists():
         raise CourseError(f"checkpoint {path} does not exist")
     if path.is_file():
-        raise CourseError(f"{path} is a single file, not a DCP checkpoint directory "
-                          "(a torch.save file loads with torch.load; see the export section)")
+        raise CourseError(
+            f"{path} is a single file, not a DCP checkpoint directory "
+            "(a torch.save file loads with torch.load; see the export section)"
+        )
     if not (path / METADATA).is_file():
         names = sorted(p.name for p in path.iterdir())
         if any(n.endswith(".pt") for n in names):
-            raise CourseError(f"{path} holds per-rank torch.save files ({', '.join(names[:4])}), "
-                              "not a DCP checkpoint: they load only on the same world size and wrapping")
-        raise CourseError(f"{path} has no {METADATA}: a half-written checkpoint (a save was killed "
-                          "before it finished) or not a DCP checkpoint")
+            raise CourseError(
+                f"{path} holds per-rank torch.save files ({', '.join(names[:4])}), "
+                "not a DCP checkpoint: they load only on the same world size and wrapping"
+            )
+        raise CourseError(
+            f"{path} has no {METADATA}: a half-written checkpoint (a save was killed "
+            "before it finished) or not a DCP checkpoint"
+        )
     if not expected:
         return
     stored = FileSystemReader(str(path)).read_metadata().state_dict_metadata
     for key, shape in expected.items():
         if key not in stored:
-            raise CourseError(f"{path} was saved from another model: it has no {key!r} "
-                              f"(it has e.g. {next(iter(stored))!r})")
+            raise CourseError(
+                f"{path} was saved from another model: it has no {key!r} "
+                f"(it has e.g. {next(iter(stored))!r})"
+            )
         size = getattr(stored[key], "size", None)
         if size is not None and list(size) != list(shape):
-            raise CourseError(f"{path} was saved from another model: {key} has shape "
-                              f"{list(size)} there, {list(shape)} here")
+            raise CourseError(
+                f"{path} was saved from another model: {key} has shape "
+                f"{list(size)} there, {list(shape)} here"
+            )
 
 
 class CrashingWriter(FileSystemWriter):
@@ -247,7 +279,9 @@ class CrashingWriter(FileSystemWriter):
     def write_data(self, plan, planner):
         future = super().write_data(plan, planner)
         future.wait()
-        say(f"[rank {dist.get_rank()}] simulated crash while saving {Path(self.path).name}: SIGKILL")
+        say(
+            f"[rank {dist.get_rank()}] simulated crash while saving {Path(self.path).name}: SIGKILL"
+        )
         os.kill(os.getpid(), signal.SIGKILL)
         return future
 

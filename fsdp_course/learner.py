@@ -33,10 +33,12 @@ def load_learner(path, flag: str, *functions: str) -> ModuleType:
     sys.modules[name] = module  # as an import does: dataclasses and pickle look a module up here
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - the learner's code: one line, not a traceback
+    except Exception as exc:  # the learner's code: one line, not a traceback
         del sys.modules[name]
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise CourseError(f"{flag} {path}: {type(exc).__name__}{': ' + first if first else ''}") from None
+        raise CourseError(
+            f"{flag} {path}: {type(exc).__name__}{': ' + first if first else ''}"
+        ) from None
     for signature in functions:
         if not callable(getattr(module, signature.split("(")[0], None)):
             raise CourseError(f"{flag} {path}: defines no function {signature}")

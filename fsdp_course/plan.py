@@ -39,7 +39,7 @@ from pathlib import Path
 
 from fsdp_course.theory import decoders, memory
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def _course_default():
@@ -47,13 +47,17 @@ def _course_default():
     from fsdp_course.data import load_data
 
     cfg = TrainConfig()
-    return memory.GPTShape(load_data(None).vocab_size, cfg.seq_len, cfg.d_model, cfg.n_layers, cfg.n_heads)
+    return memory.GPTShape(
+        load_data(None).vocab_size, cfg.seq_len, cfg.d_model, cfg.n_layers, cfg.n_heads
+    )
 
 
 # The course's models by name: name -> (a function giving its shape, its batch per rank).
 MODELS = {
     "course-gpt-default": _course_default,  # every lesson's default GPT (~0.8M parameters)
-    "course-gpt-limit": lambda: memory.GPTShape(_course_default().vocab, 64, 256, 8, 4),  # lesson 7's limit demo
+    "course-gpt-limit": lambda: memory.GPTShape(
+        _course_default().vocab, 64, 256, 8, 4
+    ),  # lesson 7's limit demo
     "course-gpt-7b": lambda: memory.GPTShape(32000, 2048, 4096, 32, 32),  # 6.7B, LLaMA-7B sizes
 }
 MODEL_BATCH = {"course-gpt-default": 8, "course-gpt-limit": 4, "course-gpt-7b": 1}
@@ -77,38 +81,63 @@ def _positive(kind):
         if value != value or value <= 0 or value == float("inf"):
             raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
         return value
+
     return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m fsdp_course.plan", description=__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
-    model = p.add_argument_group("the model (one of --hf-config, --model, --params, --layers and --hidden)")
+    p = _Parser(
+        prog="python -m fsdp_course.plan",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    model = p.add_argument_group(
+        "the model (one of --hf-config, --model, --params, --layers and --hidden)"
+    )
     model.add_argument("--model", choices=sorted(MODELS), help="one of the course's models")
-    model.add_argument("--hf-config", metavar="PATH",
-                       help="a Hugging Face config.json, or the folder holding it (model_type "
-                            f"{', '.join(decoders.FAMILIES)}): the exact parameter count from its "
-                            "sizes; --seq and --batch apply, the other sizes come from the config")
-    model.add_argument("--params", type=_positive(float),
-                       help="parameter count, e.g. 7.5e9: the state counts exactly this many")
+    model.add_argument(
+        "--hf-config",
+        metavar="PATH",
+        help="a Hugging Face config.json, or the folder holding it (model_type "
+        f"{', '.join(decoders.FAMILIES)}): the exact parameter count from its "
+        "sizes; --seq and --batch apply, the other sizes come from the config",
+    )
+    model.add_argument(
+        "--params",
+        type=_positive(float),
+        help="parameter count, e.g. 7.5e9: the state counts exactly this many",
+    )
     model.add_argument("--layers", type=_positive(int), help="transformer blocks")
     model.add_argument("--hidden", type=_positive(int), help="model width")
-    model.add_argument("--heads", type=_positive(int), help="attention heads (default: hidden / 128)")
+    model.add_argument(
+        "--heads", type=_positive(int), help="attention heads (default: hidden / 128)"
+    )
     model.add_argument("--vocab", type=_positive(int), help="vocabulary size (default 32000)")
     model.add_argument("--seq", type=_positive(int), help="tokens per sequence (default 2048)")
     run = p.add_argument_group("the run")
     run.add_argument("--batch", type=_positive(int), help="sequences per rank per step (default 1)")
     run.add_argument("--world-size", type=_positive(int), default=8, help="ranks (GPUs)")
     run.add_argument("--strategy", default="FULL_SHARD", help=", ".join(memory.STRATEGIES))
-    run.add_argument("--api", default="fsdp2", help="fsdp2 (fully_shard) or classic (FullyShardedDataParallel)")
+    run.add_argument(
+        "--api", default="fsdp2", help="fsdp2 (fully_shard) or classic (FullyShardedDataParallel)"
+    )
     run.add_argument("--precision", default="fp32", help=", ".join(memory.PRECISIONS))
     run.add_argument("--optimizer", default="adamw", help=", ".join(memory.OPTIMIZER_SLOTS))
-    run.add_argument("--no-foreach", action="store_true",
-                     help="AdamW steps tensor by tensor (the CPU default) instead of foreach")
+    run.add_argument(
+        "--no-foreach",
+        action="store_true",
+        help="AdamW steps tensor by tensor (the CPU default) instead of foreach",
+    )
     run.add_argument("--activation-checkpointing", default="none", metavar="none|full|every-K")
-    run.add_argument("--gpu-gib", type=_positive(float), help="memory per GPU, GiB: says fits or not")
-    run.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3),
-                     help="also print the ZeRO paper's accounting for this stage")
+    run.add_argument(
+        "--gpu-gib", type=_positive(float), help="memory per GPU, GiB: says fits or not"
+    )
+    run.add_argument(
+        "--zero-stage",
+        type=int,
+        choices=(0, 1, 2, 3),
+        help="also print the ZeRO paper's accounting for this stage",
+    )
     run.add_argument("--json", action="store_true", help="the same figures as one JSON object")
     return p
 
@@ -118,7 +147,11 @@ def shape_from(args) -> tuple[memory.GPTShape, int, list[str]]:
     --hf-config, --model, --params, or the sizes."""
     sizes = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "vocab", "seq")}
     if args.hf_config:
-        given = [f"--{k}" for k in ("model", "params", "layers", "hidden", "heads", "vocab") if getattr(args, k)]
+        given = [
+            f"--{k}"
+            for k in ("model", "params", "layers", "hidden", "heads", "vocab")
+            if getattr(args, k)
+        ]
         if given:
             raise PlanError(f"--hf-config gives the model's sizes: drop {', '.join(given)}")
         shape, cfg = read_hf_config(args.hf_config, args.seq)
@@ -127,14 +160,24 @@ def shape_from(args) -> tuple[memory.GPTShape, int, list[str]]:
         if args.params:
             raise PlanError("give --model or --params, not both")
         base = MODELS[args.model]()
-        values = {"layers": base.layers, "hidden": base.hidden, "heads": base.heads,
-                  "vocab": base.vocab, "seq": base.seq}
+        values = {
+            "layers": base.layers,
+            "hidden": base.hidden,
+            "heads": base.heads,
+            "vocab": base.vocab,
+            "seq": base.seq,
+        }
         values.update({k: v for k, v in sizes.items() if v})
         batch = args.batch or MODEL_BATCH[args.model]
     elif args.params:  # exactly this many parameters; the sizes given shape the assumed GPT
-        shape = memory.model_for_params(args.params, layers=sizes["layers"] or 32,
-                                        vocab=sizes["vocab"] or 32000, seq=sizes["seq"] or 2048,
-                                        heads=sizes["heads"], hidden=sizes["hidden"])
+        shape = memory.model_for_params(
+            args.params,
+            layers=sizes["layers"] or 32,
+            vocab=sizes["vocab"] or 32000,
+            seq=sizes["seq"] or 2048,
+            heads=sizes["heads"],
+            hidden=sizes["hidden"],
+        )
         return shape, args.batch or 1, []
     elif sizes["hidden"] and sizes["layers"]:
         values = {"vocab": 32000, "seq": 2048, **{k: v for k, v in sizes.items() if v}}
@@ -142,7 +185,9 @@ def shape_from(args) -> tuple[memory.GPTShape, int, list[str]]:
         batch = args.batch or 1
     else:
         raise PlanError("say which model: --model NAME, --params N, or --layers and --hidden")
-    shape = memory.GPTShape(values["vocab"], values["seq"], values["hidden"], values["layers"], values["heads"])
+    shape = memory.GPTShape(
+        values["vocab"], values["seq"], values["hidden"], values["layers"], values["heads"]
+    )
     return shape, batch, []
 
 
@@ -165,11 +210,16 @@ def read_hf_config(path: str, seq: int | None = None) -> tuple[decoders.DecoderS
 
 def suggestions(shape, batch: int, settings: dict, gpu_bytes: float) -> list[str]:
     """Settings that would fit, cheapest in communication first (one line each)."""
-    tries = [("activation checkpointing (full)", {"ac": "full"}),
-             ("bf16 mixed precision", {"precision": "bf16-mixed"}),
-             ("bf16 mixed precision + full activation checkpointing", {"precision": "bf16-mixed", "ac": "full"}),
-             ("FULL_SHARD", {"strategy": "FULL_SHARD"}),
-             ("FULL_SHARD + full activation checkpointing", {"strategy": "FULL_SHARD", "ac": "full"})]
+    tries = [
+        ("activation checkpointing (full)", {"ac": "full"}),
+        ("bf16 mixed precision", {"precision": "bf16-mixed"}),
+        (
+            "bf16 mixed precision + full activation checkpointing",
+            {"precision": "bf16-mixed", "ac": "full"},
+        ),
+        ("FULL_SHARD", {"strategy": "FULL_SHARD"}),
+        ("FULL_SHARD + full activation checkpointing", {"strategy": "FULL_SHARD", "ac": "full"}),
+    ]
     found, tried = [], [settings]
     for text, change in tries:
         candidate = {**settings, **change}
@@ -178,9 +228,13 @@ def suggestions(shape, batch: int, settings: dict, gpu_bytes: float) -> list[str
         tried.append(candidate)
         result = memory.plan(shape, batch, gpu_bytes=gpu_bytes, **candidate)
         if result["fits"]:
-            found.append(f"{text}: peak {result['needed'] / GIB:.2f} GiB with allowance, "
-                         f"sends {result['wire_bytes'] / GIB:.2f} GiB per rank per step")
-    smallest = memory.smallest_world_size(shape, batch, gpu_bytes, **{k: v for k, v in settings.items() if k != "world_size"})
+            found.append(
+                f"{text}: peak {result['needed'] / GIB:.2f} GiB with allowance, "
+                f"sends {result['wire_bytes'] / GIB:.2f} GiB per rank per step"
+            )
+    smallest = memory.smallest_world_size(
+        shape, batch, gpu_bytes, **{k: v for k, v in settings.items() if k != "world_size"}
+    )
     if smallest:
         found.append(f"the same settings on {smallest} ranks (the smallest power of two that fits)")
     return found
@@ -188,11 +242,15 @@ def suggestions(shape, batch: int, settings: dict, gpu_bytes: float) -> list[str
 
 def describe(shape) -> str:
     """The model line: the parameter count, exact, and where the layout comes from."""
-    gpt = (f"{shape.layers} blocks, hidden {shape.hidden}, {shape.heads} heads, vocab {shape.vocab}, "
-           f"seq {shape.seq}")
+    gpt = (
+        f"{shape.layers} blocks, hidden {shape.hidden}, {shape.heads} heads, vocab {shape.vocab}, "
+        f"seq {shape.seq}"
+    )
     if isinstance(shape, memory.CountedShape):
-        return (f"{shape.num_params:,} parameters ({shape.num_params / 1e9:.3f}B, as given: the state "
-                f"counts exactly these; activations and units from a GPT of {gpt})")
+        return (
+            f"{shape.num_params:,} parameters ({shape.num_params / 1e9:.3f}B, as given: the state "
+            f"counts exactly these; activations and units from a GPT of {gpt})"
+        )
     if isinstance(shape, memory.GPTShape):
         return f"{shape.num_params:,} parameters ({shape.num_params / 1e9:.3f}B; GPT: {gpt})"
     return f"{shape.num_params:,} parameters ({shape.num_params / 1e9:.3f}B; {shape.describe()})"
@@ -202,36 +260,52 @@ def state_lines(state: dict, title: str) -> list[str]:
     """Model state per rank in GB (1e9 bytes: how papers and vendors print it), GiB beside."""
     rows = [(k, state[k]) for k in ("params", "grads", "optimizer")]
     rows.append(("total", sum(v for _, v in rows)))
-    return [f"{title:34s}{'GB':>9}{'GiB':>9}"] + [f"  {k:32s}{v / 1e9:9.3f}{v / GIB:9.3f}" for k, v in rows]
+    return [f"{title:34s}{'GB':>9}{'GiB':>9}"] + [
+        f"  {k:32s}{v / 1e9:9.3f}{v / GIB:9.3f}" for k, v in rows
+    ]
 
 
 def report(result: dict, shape, zero: dict | None, tips: list[str]) -> str:
     r, g = result, lambda b: f"{b / GIB:10.3f}"
-    lines = [f"model: {describe(shape)}; batch {r['batch']} per rank",
-             f"run:   {r['strategy']} on {r['world_size']} ranks ({r['api']}), {r['precision']}, "
-             f"{r['optimizer']}, activation checkpointing {r['activation_checkpointing']}",
-             "", *state_lines(r["categories"], "model state per rank"),
-             "", "per rank, GiB                       forward   backward  optimizer"]
+    lines = [
+        f"model: {describe(shape)}; batch {r['batch']} per rank",
+        f"run:   {r['strategy']} on {r['world_size']} ranks ({r['api']}), {r['precision']}, "
+        f"{r['optimizer']}, activation checkpointing {r['activation_checkpointing']}",
+        "",
+        *state_lines(r["categories"], "model state per rank"),
+        "",
+        "per rank, GiB                       forward   backward  optimizer",
+    ]
     names = ("params", "grads", "optimizer", "buffers", "gathered", "activations", "working")
     for name in names:
-        lines.append(f"  {name:30s}" + "".join(g(r["moments"][m].get(name, 0)) for m in r["moments"]))
+        lines.append(
+            f"  {name:30s}" + "".join(g(r["moments"][m].get(name, 0)) for m in r["moments"])
+        )
     lines.append(f"  {'total':30s}" + "".join(g(r["totals"][m]) for m in r["moments"]))
-    lines += ["", f"peak      {r['peak'] / GIB:.3f} GiB per rank ({r['peak_moment']})",
-              f"allowance {r['allowance'] / GIB:.3f} GiB (allocator, fragmentation, workspaces: "
-              f"{memory.ALLOWANCE_FRACTION:.0%} of the peak)",
-              f"needed    {r['needed'] / GIB:.3f} GiB per rank",
-              f"sends     {r['wire_bytes'] / GIB:.3f} GiB per rank per step"]
+    lines += [
+        "",
+        f"peak      {r['peak'] / GIB:.3f} GiB per rank ({r['peak_moment']})",
+        f"allowance {r['allowance'] / GIB:.3f} GiB (allocator, fragmentation, workspaces: "
+        f"{memory.ALLOWANCE_FRACTION:.0%} of the peak)",
+        f"needed    {r['needed'] / GIB:.3f} GiB per rank",
+        f"sends     {r['wire_bytes'] / GIB:.3f} GiB per rank per step",
+    ]
     if "fits" in r:
         verdict = "fits" if r["fits"] else "does NOT fit"
         lines.append(f"verdict   {verdict} on a GPU of {r['gpu_bytes'] / GIB:g} GiB")
         if not r["fits"]:
-            lines += ["what would fit:"] + [f"  - {t}" for t in tips or ["nothing tried fits: more ranks, a smaller batch"]]
+            lines += ["what would fit:"] + [
+                f"  - {t}" for t in tips or ["nothing tried fits: more ranks, a smaller batch"]
+            ]
     if zero:
-        lines += ["", *state_lines(zero, f"ZeRO stage {zero['stage']} per rank (N_d = {r['world_size']})"),
-                  "  (the paper's mixed-precision Adam, K = 12: 2 + 2 + 12 bytes per parameter; FSDP "
-                  "above: 4 + 4 + 8.",
-                  "   Stage 3 ~ FULL_SHARD; stage 2 ~ SHARD_GRAD_OP, which also keeps the gathered "
-                  "parameters from forward to backward)"]
+        lines += [
+            "",
+            *state_lines(zero, f"ZeRO stage {zero['stage']} per rank (N_d = {r['world_size']})"),
+            "  (the paper's mixed-precision Adam, K = 12: 2 + 2 + 12 bytes per parameter; FSDP "
+            "above: 4 + 4 + 8.",
+            "   Stage 3 ~ FULL_SHARD; stage 2 ~ SHARD_GRAD_OP, which also keeps the gathered "
+            "parameters from forward to backward)",
+        ]
     return "\n".join(lines)
 
 
@@ -239,9 +313,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         shape, batch, notes = shape_from(args)
-        settings = {"world_size": args.world_size, "strategy": args.strategy, "api": args.api,
-                    "precision": args.precision, "optimizer": args.optimizer,
-                    "ac": args.activation_checkpointing, "foreach": not args.no_foreach}
+        settings = {
+            "world_size": args.world_size,
+            "strategy": args.strategy,
+            "api": args.api,
+            "precision": args.precision,
+            "optimizer": args.optimizer,
+            "ac": args.activation_checkpointing,
+            "foreach": not args.no_foreach,
+        }
         gpu_bytes = args.gpu_gib * GIB if args.gpu_gib else None
         result = memory.plan(shape, batch, gpu_bytes=gpu_bytes, **settings)
     except (PlanError, ValueError) as exc:
@@ -249,9 +329,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     zero = None
     if args.zero_stage is not None:
-        zero = {"stage": args.zero_stage, **memory.zero_stage_bytes(shape.num_params, args.world_size, args.zero_stage)}
+        zero = {
+            "stage": args.zero_stage,
+            **memory.zero_stage_bytes(shape.num_params, args.world_size, args.zero_stage),
+        }
         result["zero"] = zero
-    tips = suggestions(shape, batch, settings, gpu_bytes) if gpu_bytes and not result["fits"] else []
+    tips = (
+        suggestions(shape, batch, settings, gpu_bytes) if gpu_bytes and not result["fits"] else []
+    )
     if args.json:
         result["suggestions"] = tips
         result["notes"] = notes

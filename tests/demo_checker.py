@@ -4,6 +4,7 @@ A checker is called as checker(learner_fn, **context) and returns (passed, messa
 NotImplementedError from the learner's function propagate: that is how "not attempted yet" is
 detected. The course's real checkers live with the notebooks, in course_lab/exercises/.
 """
+
 from quizzes.exercise import exercise
 
 

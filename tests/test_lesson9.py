@@ -7,6 +7,7 @@ category, collectives, DeepSpeed's defaults); the exercise's checker; bad flags.
 
 The main launch is the notebook's own (same flags, same NPROC): within one test run the
 notebook's test and these share it (tests/conftest.py); so is the exercise's launch."""
+
 from __future__ import annotations
 
 import contextlib
@@ -36,7 +37,9 @@ def main():
 
 def test_notebook_uses_this_launch(repo_root):
     text = json.loads((repo_root / "lessons/09_your_model/09_your_model.ipynb").read_text())
-    source = "".join("".join(cell["source"]) for cell in text["cells"] if cell["cell_type"] == "code")
+    source = "".join(
+        "".join(cell["source"]) for cell in text["cells"] if cell["cell_type"] == "code"
+    )
     assert 'RUN = REPO / "runs" / "lesson9" / "notebook"' in source
     assert 'run_lesson(9, "--out", RUN, nproc=2)' in source
     assert "configs/llama3-8b.json" in source
@@ -51,8 +54,13 @@ def test_a_model_it_did_not_write_is_sharded_and_learns(main):
     assert r["num_params"] == 803_968  # the quiz's q_param_bytes: 803,968 x 4 / 2
     assert train["num_blocks"] == train["block_units"] == 4
     assert train["fsdp_units"][0] == "" and len(train["fsdp_units"]) == 5
-    assert all(u.endswith("_checkpoint_wrapped_module") for u in train["fsdp_units"][1:])  # AC first
-    assert train["placements"] == ["(Shard(dim=0),)"] and train["dtensor_params"] == train["num_tensors"] == 39
+    assert all(
+        u.endswith("_checkpoint_wrapped_module") for u in train["fsdp_units"][1:]
+    )  # AC first
+    assert (
+        train["placements"] == ["(Shard(dim=0),)"]
+        and train["dtensor_params"] == train["num_tensors"] == 39
+    )
     assert train["local_param_bytes"] * 2 == train["full_param_bytes"] == 4 * r["num_params"]
     assert train["garbage_buffers"] == 2  # rotary inv_freq and original_inv_freq after to_empty
     losses = [h["loss"] for h in train["history"]]
@@ -63,9 +71,21 @@ def test_a_model_it_did_not_write_is_sharded_and_learns(main):
 @pytest.mark.slow
 def test_state_bytes_equal_the_planners_for_the_same_config(main):
     _, m = main
-    argv = ["--hf-config", str(RUN / "hf_full"), "--world-size", "2", "--precision", "bf16-mixed",
-            "--activation-checkpointing", "full", "--batch", str(m["config"]["batch_size"]),
-            "--seq", str(m["config"]["seq_len"]), "--json"]
+    argv = [
+        "--hf-config",
+        str(RUN / "hf_full"),
+        "--world-size",
+        "2",
+        "--precision",
+        "bf16-mixed",
+        "--activation-checkpointing",
+        "full",
+        "--batch",
+        str(m["config"]["batch_size"]),
+        "--seq",
+        str(m["config"]["seq_len"]),
+        "--json",
+    ]
     with contextlib.redirect_stdout(io.StringIO()) as out:
         assert plan.main(argv) == 0
     planned, measured = json.loads(out.getvalue()), m["results"]["train"]["memory"]
@@ -83,7 +103,11 @@ def test_dcp_resume_is_bitwise_and_the_way_in_equals_from_pretrained(main):
     assert ck["next_losses"][0] == ck["next_losses"][1]
     assert {f["name"] for f in ck["dcp_files"]} >= {".metadata", "__0_0.distcp", "__1_0.distcp"}
     names = {f["name"] for f in ck["hf_dcp_files"]}
-    assert {"config.json", "model-00001-of-00001.safetensors", "model.safetensors.index.json"} <= names
+    assert {
+        "config.json",
+        "model-00001-of-00001.safetensors",
+        "model.safetensors.index.json",
+    } <= names
     assert sum(n.startswith("sharded/") for n in names) == 2  # one file per rank, then consolidated
     assert {"config.json", "model.safetensors"} <= {f["name"] for f in ck["hf_full_files"]}
     way_in = ck["way_in"]
@@ -96,14 +120,22 @@ def test_both_exports_load_in_a_plain_process_with_the_sharded_logits(main):
     from transformers import AutoModelForCausalLM
 
     _, m = main
-    probe = torch.tensor(list((REPO_ROOT / "lessons/09_your_model/corpus.txt").read_bytes()[:m["config"]["seq_len"]]))
+    probe = torch.tensor(
+        list(
+            (REPO_ROOT / "lessons/09_your_model/corpus.txt").read_bytes()[: m["config"]["seq_len"]]
+        )
+    )
     sharded = torch.load(RUN / "logits.pt")
     for folder in ("hf_full", "hf_dcp"):
         bf16 = AutoModelForCausalLM.from_pretrained(RUN / folder, dtype=torch.bfloat16)
         fp32 = AutoModelForCausalLM.from_pretrained(RUN / folder)
         with torch.no_grad():
-            assert torch.equal(bf16(probe[None]).logits.float(), sharded), folder  # it computed in bf16
-            assert not torch.equal(fp32(probe[None]).logits.float(), sharded), folder  # the dtype matters
+            assert torch.equal(bf16(probe[None]).logits.float(), sharded), (
+                folder
+            )  # it computed in bf16
+            assert not torch.equal(fp32(probe[None]).logits.float(), sharded), (
+                folder
+            )  # the dtype matters
 
 
 @pytest.mark.slow
@@ -125,19 +157,32 @@ def test_zero_beside_fsdp(main):
         else:
             assert mem["master"] == 0 and mem["params"] == 4 * P // n, name
     assert runs["zero1"]["memory"]["params"] == runs["zero2"]["memory"]["params"] == 4 * P  # whole
-    assert runs["zero3"]["memory"]["params"] == 4 * P // n and runs["zero3"]["memory"]["persistent_params"] == 0
+    assert (
+        runs["zero3"]["memory"]["params"] == 4 * P // n
+        and runs["zero3"]["memory"]["persistent_params"] == 0
+    )
     persist = runs["zero3-defaults"]["memory"]
     assert persist["persistent_params"] == 39 and persist["params"] == 4 * P + 4 * P // n
-    small, big = runs["zero2-buckets"]["collectives"]["all_reduce"], runs["zero2"]["collectives"]["all_reduce"]
+    small, big = (
+        runs["zero2-buckets"]["collectives"]["all_reduce"],
+        runs["zero2"]["collectives"]["all_reduce"],
+    )
     assert small["calls"] > 2 * big["calls"] and small["bytes"] == big["bytes"]
     ds = m["results"]["compare"]["deepspeed"]
     assert ds["version"] == "0.19.8" and ds["defaults"]["gradient_clipping"] == 1.0
-    assert runs["zero3"]["config"]["gradient_clipping"] == 0.0 and runs["zero3-defaults"]["config"].get("gradient_clipping") is None
-    assert "built successfully" not in run.stdout and "Building extension" not in run.stdout  # no shm build
+    assert (
+        runs["zero3"]["config"]["gradient_clipping"] == 0.0
+        and runs["zero3-defaults"]["config"].get("gradient_clipping") is None
+    )
+    assert (
+        "built successfully" not in run.stdout and "Building extension" not in run.stdout
+    )  # no shm build
 
 
 def _solution():
-    spec = importlib.util.spec_from_file_location("sol", REPO_ROOT / "solutions" / "lesson9_shard.py")
+    spec = importlib.util.spec_from_file_location(
+        "sol", REPO_ROOT / "solutions" / "lesson9_shard.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.shard
@@ -155,14 +200,35 @@ def _fake_main():
     return {"world_size": 2, "config": {"seed": 0}}
 
 
-def _fake_run(units=("", "model.layers.0", "model.layers.1"), block_units=2, sharded=5, share=0.5, losses=(3.0, 2.0)):
+def _fake_run(
+    units=("", "model.layers.0", "model.layers.1"),
+    block_units=2,
+    sharded=5,
+    share=0.5,
+    losses=(3.0, 2.0),
+):
     def run(lesson, *args, **kwargs):
         assert lesson == 9 and "--family" in args and "qwen2" in args
-        return {"world_size": 2, "results": {"class": "Qwen2ForCausalLM", "num_params": 10,
-                                             "block_classes": ["Qwen2DecoderLayer"], "train": {
-            "num_blocks": 2, "fsdp_units": list(units), "block_units": block_units, "dtensor_params": sharded,
-            "num_tensors": 5, "placements": ["(Shard(dim=0),)"], "local_param_bytes": share * 100,
-            "full_param_bytes": 100, "history": [{"loss": v} for v in losses]}}}
+        return {
+            "world_size": 2,
+            "results": {
+                "class": "Qwen2ForCausalLM",
+                "num_params": 10,
+                "block_classes": ["Qwen2DecoderLayer"],
+                "train": {
+                    "num_blocks": 2,
+                    "fsdp_units": list(units),
+                    "block_units": block_units,
+                    "dtensor_params": sharded,
+                    "num_tensors": 5,
+                    "placements": ["(Shard(dim=0),)"],
+                    "local_param_bytes": share * 100,
+                    "full_param_bytes": 100,
+                    "history": [{"loss": v} for v in losses],
+                },
+            },
+        }
+
     return run
 
 
@@ -171,9 +237,13 @@ def shard(model, mesh):  # an attempt (the checker runs it through the fake laun
 
 
 def test_checker_explains():
-    passed, message = check_shard(shard, main=_fake_main(), run=_fake_run(units=("",), block_units=0))
+    passed, message = check_shard(
+        shard, main=_fake_main(), run=_fake_run(units=("",), block_units=0)
+    )
     assert not passed and "2 decoder layers" in message
-    passed, message = check_shard(shard, main=_fake_main(), run=_fake_run(units=("model.layers.0", "model.layers.1")))
+    passed, message = check_shard(
+        shard, main=_fake_main(), run=_fake_run(units=("model.layers.0", "model.layers.1"))
+    )
     assert not passed and "root" in message
     passed, message = check_shard(shard, main=_fake_main(), run=_fake_run(sharded=3))
     assert not passed and "3 of 5 parameters" in message
@@ -186,7 +256,9 @@ def test_checker_explains():
 
 def test_untouched_exercise_is_not_attempted(repo_root, tmp_path):
     notebook = json.loads((repo_root / "lessons/09_your_model/09_your_model.ipynb").read_text())
-    cell = next(c for c in notebook["cells"] if "exercise:lesson9_shard" in c["metadata"].get("tags", []))
+    cell = next(
+        c for c in notebook["cells"] if "exercise:lesson9_shard" in c["metadata"].get("tags", [])
+    )
     starter = tmp_path / "starter.py"
     starter.write_text("".join(cell["source"]))
     spec = importlib.util.spec_from_file_location("starter", starter)
@@ -202,7 +274,12 @@ def test_flags_parse_in_process():
     train = lesson_script(9)
     cfg = train.parse_config(train.Config, argv=["--compare", "zero3,fsdp2", "--parts", "compare"])
     assert cfg.compare == ("zero3", "fsdp2") and cfg.parts == ("compare",)
-    for bad in (["--compare", "zero4"], ["--parts", "everything"], ["--compare-steps", "0"], ["--family", "gpt5"]):
+    for bad in (
+        ["--compare", "zero4"],
+        ["--parts", "everything"],
+        ["--compare-steps", "0"],
+        ["--family", "gpt5"],
+    ):
         with pytest.raises(SystemExit) as exc:
             train.parse_config(train.Config, argv=bad)
         assert exc.value.code == 2, bad
@@ -230,16 +307,24 @@ def test_configs_and_block_classes_in_process(tmp_path):
 
     hf = lesson_script(9, "hf_model")
     qwen = hf.read_config(str(REPO_ROOT / "lessons/09_your_model/configs/tiny-qwen2.json"))
-    assert type(qwen).__name__ == "Qwen2Config" and qwen.hidden_size == 128 and qwen.tie_word_embeddings
+    assert (
+        type(qwen).__name__ == "Qwen2Config"
+        and qwen.hidden_size == 128
+        and qwen.tie_word_embeddings
+    )
     model = hf.build(qwen, "meta")
     assert {c.__name__ for c in hf.block_classes(model)} == {"Qwen2DecoderLayer"}
     assert len(hf.blocks(model)) == qwen.num_hidden_layers
-    renamed = type("FSDPQwen2DecoderLayer", (type(hf.blocks(model)[0]),), {})  # what fully_shard does
+    renamed = type(
+        "FSDPQwen2DecoderLayer", (type(hf.blocks(model)[0]),), {}
+    )  # what fully_shard does
     hf.blocks(model)[0].__class__ = renamed
     assert len(hf.blocks(model)) == qwen.num_hidden_layers
     train = lesson_script(9)
     mistral = hf.config_for("mistral", train.Config(), 256)
-    assert {c.__name__ for c in hf.block_classes(hf.build(mistral, "meta"))} == {"MistralDecoderLayer"}
+    assert {c.__name__ for c in hf.block_classes(hf.build(mistral, "meta"))} == {
+        "MistralDecoderLayer"
+    }
     (tmp_path / "bad.json").write_text('{"model_type": "nonsense"}')
     for bad in (tmp_path / "bad.json", tmp_path):
         with pytest.raises(CourseError):

@@ -38,14 +38,18 @@ def module_source(save, load) -> str:
             raise TypeError(f"{name} must be a function (path, model, optimizer)")
         source = textwrap.dedent(inspect.getsource(fn))
         if "raise NotImplementedError" in source:
-            raise NotImplementedError(f"write {name}() in the exercise cell, then run this cell again")
+            raise NotImplementedError(
+                f"write {name}() in the exercise cell, then run this cell again"
+            )
         parts.append(source if fn.__name__ == name else f"{source}\n{name} = {fn.__name__}\n")
     return HEADER + "\n\n" + "\n\n".join(parts)
 
 
 def _last_error(output: str) -> str:
     lines = [l for l in output.splitlines() if "error" in l.lower()]
-    return (lines[0] if lines else output.strip().splitlines()[-1] if output.strip() else "no output")[:300]
+    return (
+        lines[0] if lines else output.strip().splitlines()[-1] if output.strip() else "no output"
+    )[:300]
 
 
 def _run(args: list[str], nproc: int) -> tuple[dict | None, str]:
@@ -60,19 +64,29 @@ def _run(args: list[str], nproc: int) -> tuple[dict | None, str]:
 def _hint(saved: dict, reloaded: dict, different: list[str]) -> str:
     states = [k for k in different if k.startswith("rng.")]
     if states and len(states) == len(different):
-        borrowed = [f"{k[4:].replace('rank', 'rank ')} came back with {o[4:].replace('rank', 'rank ')}'s"
-                    for k in states for o in saved if o.startswith("rng.") and o != k and saved[o] == reloaded[k]]
+        borrowed = [
+            f"{k[4:].replace('rank', 'rank ')} came back with {o[4:].replace('rank', 'rank ')}'s"
+            for k in states
+            for o in saved
+            if o.startswith("rng.") and o != k and saved[o] == reloaded[k]
+        ]
         if borrowed:
             return f"model and optimizer came back, but {'; '.join(borrowed)} random-number generator state"
-        return "model and optimizer came back, but not the random-number generator state of " + ", ".join(
-            k[4:].replace("rank", "rank ") for k in states)
+        return (
+            "model and optimizer came back, but not the random-number generator state of "
+            + ", ".join(k[4:].replace("rank", "rank ") for k in states)
+        )
     if all(k.startswith("optim.") for k in different):
-        return ("the model came back but the optimizer state did not: save and load the "
-                "optimizer too (get_state_dict(model, optimizer) gives both)")
+        return (
+            "the model came back but the optimizer state did not: save and load the "
+            "optimizer too (get_state_dict(model, optimizer) gives both)"
+        )
     if all(k.startswith("model.") for k in different):
         return "the optimizer came back but the model did not: did load() call set_state_dict?"
-    return ("the model and optimizer did not come back as saved: load must fill the state dict in "
-            "place (dcp.load) and then hand it to set_state_dict(model, optimizer, ...)")
+    return (
+        "the model and optimizer did not come back as saved: load must fill the state dict in "
+        "place (dcp.load) and then hand it to set_state_dict(model, optimizer, ...)"
+    )
 
 
 @exercise("lesson4", "ex_dcp_save_load")
@@ -85,13 +99,30 @@ def check_dcp_save_load(save, load=None, ranks: int = 2, steps: int = 3) -> tupl
     source = module_source(save, load)
     # A folder named by the functions' source: the same functions make the same launch, which a
     # test run shares between the notebook and the tests (course_lab.notebook.launch_lesson).
-    work = Path(tempfile.gettempdir()) / f"lesson4-ex-{hashlib.sha256(source.encode()).hexdigest()[:12]}"
+    work = (
+        Path(tempfile.gettempdir())
+        / f"lesson4-ex-{hashlib.sha256(source.encode()).hexdigest()[:12]}"
+    )
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     try:
         (work / "learner_ckpt.py").write_text(source)
-        run, out = _run(["--ckpt-module", work / "learner_ckpt.py", "--save", work / "checkpoint", "--reload",
-                         "--rng", "per-rank", "--steps", str(steps), "--ckpt-dir", work / "unused"], ranks)
+        run, out = _run(
+            [
+                "--ckpt-module",
+                work / "learner_ckpt.py",
+                "--save",
+                work / "checkpoint",
+                "--reload",
+                "--rng",
+                "per-rank",
+                "--steps",
+                str(steps),
+                "--ckpt-dir",
+                work / "unused",
+            ],
+            ranks,
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if run is None:
@@ -100,8 +131,12 @@ def check_dcp_save_load(save, load=None, ranks: int = 2, steps: int = 3) -> tupl
     verdict = results["equal_reloaded"]
     if not verdict["equal"]:
         n = len(verdict["different"])
-        return False, (f"{n}{'+' if n == 10 else ''} of {verdict['tensors']} fingerprints differ after the "
-                       f"load (e.g. {verdict['different'][:2]}): "
-                       f"{_hint(results['saved'], results['reloaded'], verdict['different'])}")
-    return True, (f"saved and loaded on {ranks} ranks, each with its own random stream: all "
-                  f"{verdict['tensors']} fingerprints (model, optimizer state, every rank's RNG) bitwise equal.")
+        return False, (
+            f"{n}{'+' if n == 10 else ''} of {verdict['tensors']} fingerprints differ after the "
+            f"load (e.g. {verdict['different'][:2]}): "
+            f"{_hint(results['saved'], results['reloaded'], verdict['different'])}"
+        )
+    return True, (
+        f"saved and loaded on {ranks} ranks, each with its own random stream: all "
+        f"{verdict['tensors']} fingerprints (model, optimizer state, every rank's RNG) bitwise equal."
+    )

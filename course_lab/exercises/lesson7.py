@@ -12,25 +12,41 @@ from __future__ import annotations
 
 import itertools
 
-from fsdp_course.plan import MODELS, MODEL_BATCH
+from fsdp_course.plan import MODEL_BATCH, MODELS
 from fsdp_course.theory import memory
-
 from quizzes.exercise import exercise
 
-MiB = 1024 ** 2
-SCENARIO = {"model": "course-gpt-limit", "world_size": 2, "limit_mib": 90, "precision": "fp32",
-            "api": "fsdp2", "batch": MODEL_BATCH["course-gpt-limit"]}
-CHOICES = {"strategy": ("DDP", "SHARD_GRAD_OP", "FULL_SHARD"),
-           "activation_checkpointing": ("none", "every-2", "full")}
+MiB = 1024**2
+SCENARIO = {
+    "model": "course-gpt-limit",
+    "world_size": 2,
+    "limit_mib": 90,
+    "precision": "fp32",
+    "api": "fsdp2",
+    "batch": MODEL_BATCH["course-gpt-limit"],
+}
+CHOICES = {
+    "strategy": ("DDP", "SHARD_GRAD_OP", "FULL_SHARD"),
+    "activation_checkpointing": ("none", "every-2", "full"),
+}
 
 
 def plan(strategy: str, activation_checkpointing: str) -> dict:
     """The planner for the scenario (CPU ranks: AdamW steps tensor by tensor; the allowance
     covers the CPU runtime's own address space)."""
     s = SCENARIO
-    return memory.plan(MODELS[s["model"]](), s["batch"], s["world_size"], strategy=strategy,
-                       api=s["api"], precision=s["precision"], ac=activation_checkpointing,
-                       gpu_bytes=s["limit_mib"] * MiB, reserve=memory.CPU_RANK_RESERVE, foreach=False)
+    return memory.plan(
+        MODELS[s["model"]](),
+        s["batch"],
+        s["world_size"],
+        strategy=strategy,
+        api=s["api"],
+        precision=s["precision"],
+        ac=activation_checkpointing,
+        gpu_bytes=s["limit_mib"] * MiB,
+        reserve=memory.CPU_RANK_RESERVE,
+        foreach=False,
+    )
 
 
 def all_plans() -> dict:
@@ -39,10 +55,26 @@ def all_plans() -> dict:
 
 def launch_flags(settings: dict) -> list[str]:
     shape, s = MODELS[SCENARIO["model"]](), SCENARIO
-    return ["--d-model", str(shape.hidden), "--n-layers", str(shape.layers), "--n-heads", str(shape.heads),
-            "--seq-len", str(shape.seq), "--batch-size", str(s["batch"]), "--steps", "3",
-            "--strategy", settings["strategy"], "--activation-checkpointing", settings["activation_checkpointing"],
-            "--rank-memory-mib", str(s["limit_mib"])]
+    return [
+        "--d-model",
+        str(shape.hidden),
+        "--n-layers",
+        str(shape.layers),
+        "--n-heads",
+        str(shape.heads),
+        "--seq-len",
+        str(shape.seq),
+        "--batch-size",
+        str(s["batch"]),
+        "--steps",
+        "3",
+        "--strategy",
+        settings["strategy"],
+        "--activation-checkpointing",
+        settings["activation_checkpointing"],
+        "--rank-memory-mib",
+        str(s["limit_mib"]),
+    ]
 
 
 @exercise("lesson7", "ex_fit")
@@ -60,13 +92,17 @@ def check_fit(choose_settings, run=None) -> tuple[bool, str]:
     mine = plans[(settings["strategy"], settings["activation_checkpointing"])]
     label = f"{settings['strategy']} with activation checkpointing {settings['activation_checkpointing']}"
     if not mine["fits"]:
-        return False, (f"{label} does not fit: the planner needs {mine['needed'] / MiB:.1f} MiB per "
-                       f"rank (peak {mine['peak'] / MiB:.1f} + allowance), the limit is {SCENARIO['limit_mib']} MiB")
+        return False, (
+            f"{label} does not fit: the planner needs {mine['needed'] / MiB:.1f} MiB per "
+            f"rank (peak {mine['peak'] / MiB:.1f} + allowance), the limit is {SCENARIO['limit_mib']} MiB"
+        )
     fewest = min(p["wire_bytes"] for p in plans.values() if p["fits"])
     if mine["wire_bytes"] > fewest:
-        return False, (f"{label} fits ({mine['needed'] / MiB:.1f} MiB) but sends {mine['wire_bytes'] / MiB:.1f} "
-                       f"MiB per rank per step; a setting that fits sends {fewest / MiB:.1f} MiB. "
-                       "Which lever saves memory without adding communication?")
+        return False, (
+            f"{label} fits ({mine['needed'] / MiB:.1f} MiB) but sends {mine['wire_bytes'] / MiB:.1f} "
+            f"MiB per rank per step; a setting that fits sends {fewest / MiB:.1f} MiB. "
+            "Which lever saves memory without adding communication?"
+        )
     if run is None:
         from course_lab.notebook import run_lesson as run
     try:
@@ -75,8 +111,13 @@ def check_fit(choose_settings, run=None) -> tuple[bool, str]:
         return False, "the real run failed: " + " | ".join(str(exc).strip().splitlines()[-2:])
     outcome = metrics["results"]["outcomes"][0]["per_rank"]
     if any(o != "trained" for o in outcome):
-        return False, f"the planner said it fits, but the real run under the limit failed: {outcome[0]}"
+        return (
+            False,
+            f"the planner said it fits, but the real run under the limit failed: {outcome[0]}",
+        )
     grew = metrics["results"]["runs"][0].get("vm_growth", 0)
-    return True, (f"{label}: needs {mine['needed'] / MiB:.1f} of {SCENARIO['limit_mib']} MiB, sends "
-                  f"{mine['wire_bytes'] / MiB:.1f} MiB per rank per step (the fewest of any setting that "
-                  f"fits); trained for real on {SCENARIO['world_size']} ranks, rank 0 grew by {grew / MiB:.1f} MiB")
+    return True, (
+        f"{label}: needs {mine['needed'] / MiB:.1f} of {SCENARIO['limit_mib']} MiB, sends "
+        f"{mine['wire_bytes'] / MiB:.1f} MiB per rank per step (the fewest of any setting that "
+        f"fits); trained for real on {SCENARIO['world_size']} ranks, rank 0 grew by {grew / MiB:.1f} MiB"
+    )

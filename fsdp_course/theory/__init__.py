@@ -19,19 +19,43 @@ from __future__ import annotations
 
 import importlib
 
-from fsdp_course.theory.sharding import (ADAM_STATE_SLOTS, STRATEGIES, collective_bytes,
-                                         ddp_state_bytes, fsdp_unit_numels,
-                                         gathered_peak_bytes, model_state_bytes, padded,
-                                         ring_sent_bytes, shard_group_size, shard_numel)
+from fsdp_course.theory.sharding import (
+    ADAM_STATE_SLOTS,
+    STRATEGIES,
+    collective_bytes,
+    ddp_state_bytes,
+    fsdp_unit_numels,
+    gathered_peak_bytes,
+    model_state_bytes,
+    padded,
+    ring_sent_bytes,
+    shard_group_size,
+    shard_numel,
+)
 
 # The topics are imported on first use (``theory.precision`` needs torch; the planner's
 # formulas do not, so ``python -m fsdp_course.plan`` starts without it).
 TOPICS = ("accumulation", "decoders", "fsdp2", "hsdp", "memory", "precision", "wrapping")
 
 __all__ = [
-    "ADAM_STATE_SLOTS", "STRATEGIES", "accumulation", "collective_bytes", "ddp_state_bytes", "decoders",
-    "fsdp2", "fsdp_unit_numels", "gathered_peak_bytes", "hsdp", "memory", "model_state_bytes",
-    "padded", "precision", "ring_sent_bytes", "shard_group_size", "shard_numel", "wrapping",
+    "ADAM_STATE_SLOTS",
+    "STRATEGIES",
+    "accumulation",
+    "collective_bytes",
+    "ddp_state_bytes",
+    "decoders",
+    "fsdp2",
+    "fsdp_unit_numels",
+    "gathered_peak_bytes",
+    "hsdp",
+    "memory",
+    "model_state_bytes",
+    "padded",
+    "precision",
+    "ring_sent_bytes",
+    "shard_group_size",
+    "shard_numel",
+    "wrapping",
 ]
 
 

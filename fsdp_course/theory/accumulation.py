@@ -45,30 +45,29 @@ def fsdp2_padded_numel(model: nn.Module, world_size: int) -> int:
     return total
 
 
-def reduce_bytes_per_step(padded_numel: int, accum: int, no_sync: bool,
-                          grad_bytes: int = 4) -> int:
+def reduce_bytes_per_step(padded_numel: int, accum: int, no_sync: bool, grad_bytes: int = 4) -> int:
     """Reduce-scatter payload per optimizer step: ``grad_bytes * P_pad * (1 if no_sync else K)``."""
     return grad_bytes * padded_numel * (1 if no_sync else accum)
 
 
-def reduce_bytes_saved(num_params: int, accum: int, world_size: int,
-                       grad_bytes: int = 4) -> dict:
+def reduce_bytes_saved(num_params: int, accum: int, world_size: int, grad_bytes: int = 4) -> dict:
     """What ``no_sync`` saves per optimizer step (padding ignored):
 
-        payload = (K - 1) * grad_bytes * P
-        sent    = payload * (N - 1) / N     bytes each rank sends less (ring reduce-scatter)
+    payload = (K - 1) * grad_bytes * P
+    sent    = payload * (N - 1) / N     bytes each rank sends less (ring reduce-scatter)
     """
     payload = (accum - 1) * grad_bytes * num_params
     return {"payload": payload, "sent_per_rank": payload * (world_size - 1) / world_size}
 
 
-def held_grad_bytes_theory(num_params: int, padded_numel: int, world_size: int,
-                           no_sync: bool, grad_bytes: int = 4) -> int:
+def held_grad_bytes_theory(
+    num_params: int, padded_numel: int, world_size: int, no_sync: bool, grad_bytes: int = 4
+) -> int:
     """Gradient bytes one rank holds between micro-batches (K >= 2):
 
-        no_sync:      grad_bytes * P               the unsharded gradient, kept until the last
-                                                   micro-batch reduce-scatters it
-        sync always:  grad_bytes * P_pad / N       the rank's shard, accumulated in place
+    no_sync:      grad_bytes * P               the unsharded gradient, kept until the last
+                                               micro-batch reduce-scatters it
+    sync always:  grad_bytes * P_pad / N       the rank's shard, accumulated in place
     """
     if no_sync:
         return grad_bytes * num_params

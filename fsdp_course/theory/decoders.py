@@ -31,8 +31,12 @@ from dataclasses import dataclass
 FAMILIES = ("llama", "mistral", "qwen2", "gpt2")
 ROTARY = ("llama", "mistral", "qwen2")
 # gpt2's names for the common sizes (its config's attribute_map): either spelling is read.
-ALIASES = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
-           "n_positions": "max_position_embeddings"}
+ALIASES = {
+    "n_embd": "hidden_size",
+    "n_layer": "num_hidden_layers",
+    "n_head": "num_attention_heads",
+    "n_positions": "max_position_embeddings",
+}
 KV_HEADS_DEFAULT = {"llama": None, "mistral": 8, "qwen2": 32}  # None: as many as the heads
 # I-wide tensors the MLP's activation function saves for backward (counted in tests/test_plan.py):
 # torch's SiLU and GELU keep their input; gpt2's "gelu_new" is written out in Python and keeps
@@ -72,13 +76,31 @@ class DecoderShape:
         """One decoder layer's parameters, in ``parameters()`` order."""
         h, i = self.hidden, self.intermediate
         if self.family == "gpt2":
-            return [(h,), (h,), (h, 3 * h), (3 * h,), (h, h), (h,),
-                    (h,), (h,), (h, i), (i,), (i, h), (h,)]
+            return [
+                (h,),
+                (h,),
+                (h, 3 * h),
+                (3 * h,),
+                (h, h),
+                (h,),
+                (h,),
+                (h,),
+                (h, i),
+                (i,),
+                (i, h),
+                (h,),
+            ]
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return (self._linear(q, h, self.qkv_bias) + self._linear(kv, h, self.qkv_bias)
-                + self._linear(kv, h, self.qkv_bias) + self._linear(h, q, self.o_bias)
-                + self._linear(i, h, self.mlp_bias) + self._linear(i, h, self.mlp_bias)
-                + self._linear(h, i, self.mlp_bias) + [(h,), (h,)])
+        return (
+            self._linear(q, h, self.qkv_bias)
+            + self._linear(kv, h, self.qkv_bias)
+            + self._linear(kv, h, self.qkv_bias)
+            + self._linear(h, q, self.o_bias)
+            + self._linear(i, h, self.mlp_bias)
+            + self._linear(i, h, self.mlp_bias)
+            + self._linear(h, i, self.mlp_bias)
+            + [(h,), (h,)]
+        )
 
     def _root_parts(self) -> tuple[list, list]:
         """Parameters outside the layers: those before them (embeddings), those after (the
@@ -149,7 +171,11 @@ class DecoderShape:
         return 4 * bsi
 
     def block_activation_bytes(self, batch: int, e: int) -> int:
-        return 2 * self._norm_bytes(batch, e) + self._attention_bytes(batch, e) + self._mlp_bytes(batch, e)
+        return (
+            2 * self._norm_bytes(batch, e)
+            + self._attention_bytes(batch, e)
+            + self._mlp_bytes(batch, e)
+        )
 
     def checkpointed_block_bytes(self, batch: int, e: int) -> int:
         """A checkpointed layer keeps its input, ``b s h e``."""
@@ -178,7 +204,11 @@ class DecoderShape:
         bs = batch * self.seq
         wide = 1 if self.family == "gpt2" else 3
         _, after = self._root_parts()
-        return 2 * bs * self.hidden * e + wide * bs * self.intermediate * e + e * sum(math.prod(s) for s in after)
+        return (
+            2 * bs * self.hidden * e
+            + wide * bs * self.intermediate * e
+            + e * sum(math.prod(s) for s in after)
+        )
 
     def loss_transient_bytes(self, batch: int, e: int) -> int:
         """The logits (b s V e) and, in bf16, ``ForCausalLMLoss``'s fp32 copy of them."""
@@ -189,18 +219,35 @@ class DecoderShape:
         attention = f"{self.heads} heads of {self.head_dim}"
         if self.kv_heads != self.heads:
             attention += f", {self.kv_heads} key/value heads (grouped-query)"
-        biases = ("biases everywhere" if self.family == "gpt2" else
-                  ", ".join(n for n, on in (("q/k/v biases", self.qkv_bias), ("o bias", self.o_bias),
-                                             ("MLP biases", self.mlp_bias)) if on) or "no biases")
+        biases = (
+            "biases everywhere"
+            if self.family == "gpt2"
+            else ", ".join(
+                n
+                for n, on in (
+                    ("q/k/v biases", self.qkv_bias),
+                    ("o bias", self.o_bias),
+                    ("MLP biases", self.mlp_bias),
+                )
+                if on
+            )
+            or "no biases"
+        )
         positions = f"learned positions {self.positions}" if self.positions else "rotary positions"
-        return (f"{self.family}: {self.layers} layers, hidden {self.hidden}, {attention}, MLP "
-                f"{self.intermediate} ({self.activation}), vocab {self.vocab}, embeddings "
-                f"{'tied' if self.tied else 'untied'}, {biases}, {positions}; seq {self.seq}")
+        return (
+            f"{self.family}: {self.layers} layers, hidden {self.hidden}, {attention}, MLP "
+            f"{self.intermediate} ({self.activation}), vocab {self.vocab}, embeddings "
+            f"{'tied' if self.tied else 'untied'}, {biases}, {positions}; seq {self.seq}"
+        )
 
 
 def _field(cfg: dict, name: str, default=None, kind=int, required: bool = True):
     """The config's value of ``name`` (or its gpt2 alias), checked; ConfigError names it."""
-    spellings = [name, *[a for a, b in ALIASES.items() if b == name], *[b for a, b in ALIASES.items() if a == name]]
+    spellings = [
+        name,
+        *[a for a, b in ALIASES.items() if b == name],
+        *[b for a, b in ALIASES.items() if a == name],
+    ]
     for key in spellings:
         if key in cfg and cfg[key] is not None:
             value = cfg[key]
@@ -227,48 +274,75 @@ def from_hf_config(cfg: dict, seq: int | None = None) -> DecoderShape:
         raise ConfigError("cannot read the config: expected a JSON object")
     family = _field(cfg, "model_type", kind=str)
     if family not in FAMILIES:
-        raise ConfigError(f"cannot read 'model_type' {family!r}: the planner knows "
-                          f"{', '.join(FAMILIES)}")
+        raise ConfigError(
+            f"cannot read 'model_type' {family!r}: the planner knows {', '.join(FAMILIES)}"
+        )
     if family == "gpt2":
         if _field(cfg, "add_cross_attention", False, bool, required=False):
-            raise ConfigError("cannot read 'add_cross_attention' true: a decoder-only gpt2 has none")
+            raise ConfigError(
+                "cannot read 'add_cross_attention' true: a decoder-only gpt2 has none"
+            )
         hidden, heads = _field(cfg, "n_embd"), _field(cfg, "n_head")
         if hidden % heads:
-            raise ConfigError(f"cannot read 'n_head' {heads}: n_embd {hidden} is not a multiple of it")
+            raise ConfigError(
+                f"cannot read 'n_head' {heads}: n_embd {hidden} is not a multiple of it"
+            )
         positions = _field(cfg, "n_positions")
         activation = _field(cfg, "activation_function", "gelu_new", str, required=False)
-        values = dict(vocab=_field(cfg, "vocab_size"), hidden=hidden, layers=_field(cfg, "n_layer"),
-                      heads=heads, kv_heads=heads, head_dim=hidden // heads,
-                      intermediate=_field(cfg, "n_inner", 4 * hidden, required=False),
-                      tied=_field(cfg, "tie_word_embeddings", True, bool, required=False),
-                      qkv_bias=True, o_bias=True, mlp_bias=True, positions=positions)
+        values = dict(
+            vocab=_field(cfg, "vocab_size"),
+            hidden=hidden,
+            layers=_field(cfg, "n_layer"),
+            heads=heads,
+            kv_heads=heads,
+            head_dim=hidden // heads,
+            intermediate=_field(cfg, "n_inner", 4 * hidden, required=False),
+            tied=_field(cfg, "tie_word_embeddings", True, bool, required=False),
+            qkv_bias=True,
+            o_bias=True,
+            mlp_bias=True,
+            positions=positions,
+        )
         most = positions
     else:
         hidden, heads = _field(cfg, "hidden_size"), _field(cfg, "num_attention_heads")
         kv_default = KV_HEADS_DEFAULT[family] or heads
         kv_heads = _field(cfg, "num_key_value_heads", kv_default, required=False)
         if heads % kv_heads:
-            raise ConfigError(f"cannot read 'num_key_value_heads' {kv_heads}: "
-                              f"num_attention_heads {heads} is not a multiple of it")
+            raise ConfigError(
+                f"cannot read 'num_key_value_heads' {kv_heads}: "
+                f"num_attention_heads {heads} is not a multiple of it"
+            )
         head_dim = _field(cfg, "head_dim", None, required=False)
         if head_dim is None:
             if hidden % heads:
-                raise ConfigError(f"cannot read 'head_dim': absent, and hidden_size {hidden} is not "
-                                  f"a multiple of num_attention_heads {heads}")
+                raise ConfigError(
+                    f"cannot read 'head_dim': absent, and hidden_size {hidden} is not "
+                    f"a multiple of num_attention_heads {heads}"
+                )
             head_dim = hidden // heads
         activation = _field(cfg, "hidden_act", "silu", str, required=False)
         bias = family == "llama" and _field(cfg, "attention_bias", False, bool, required=False)
-        values = dict(vocab=_field(cfg, "vocab_size"), hidden=hidden, layers=_field(cfg, "num_hidden_layers"),
-                      heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                      intermediate=_field(cfg, "intermediate_size"),
-                      tied=_field(cfg, "tie_word_embeddings", False, bool, required=False),
-                      qkv_bias=bias or family == "qwen2", o_bias=bias,
-                      mlp_bias=family == "llama" and _field(cfg, "mlp_bias", False, bool, required=False))
+        values = dict(
+            vocab=_field(cfg, "vocab_size"),
+            hidden=hidden,
+            layers=_field(cfg, "num_hidden_layers"),
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            intermediate=_field(cfg, "intermediate_size"),
+            tied=_field(cfg, "tie_word_embeddings", False, bool, required=False),
+            qkv_bias=bias or family == "qwen2",
+            o_bias=bias,
+            mlp_bias=family == "llama" and _field(cfg, "mlp_bias", False, bool, required=False),
+        )
         most = _field(cfg, "max_position_embeddings", 2048, required=False)
     if activation not in ACTIVATION_SAVES or (family in ROTARY) != (activation == "silu"):
         name = "activation_function" if family == "gpt2" else "hidden_act"
-        raise ConfigError(f"cannot read {name!r} {activation!r}: the planner knows "
-                          f"{'silu' if family in ROTARY else ', '.join(a for a in ACTIVATION_SAVES if a != 'silu')}")
+        raise ConfigError(
+            f"cannot read {name!r} {activation!r}: the planner knows "
+            f"{'silu' if family in ROTARY else ', '.join(a for a in ACTIVATION_SAVES if a != 'silu')}"
+        )
     seq = seq or min(most, 2048)
     if family == "gpt2" and seq > most:
         raise ConfigError(f"cannot plan seq {seq}: 'n_positions' is {most} (learned positions)")
@@ -280,10 +354,16 @@ def notes(cfg: dict, shape: DecoderShape) -> list[str]:
     sliding window shorter than the sequence (attention then needs a mask)."""
     found = [n for n in [dropout_note(cfg)] if n]
     # transformers' default window is 4096 (MistralConfig; Qwen2Config with use_sliding_window)
-    window = cfg.get("sliding_window", 4096) if (shape.family == "mistral" or cfg.get("use_sliding_window")) else None
+    window = (
+        cfg.get("sliding_window", 4096)
+        if (shape.family == "mistral" or cfg.get("use_sliding_window"))
+        else None
+    )
     if isinstance(window, int) and window < shape.seq:
-        found.append(f"note: activations assume causal attention without a mask; this config's sliding "
-                     f"window ({window}) is shorter than seq {shape.seq}, so attention gets a mask")
+        found.append(
+            f"note: activations assume causal attention without a mask; this config's sliding "
+            f"window ({window}) is shorter than seq {shape.seq}, so attention gets a mask"
+        )
     return found
 
 
@@ -296,5 +376,7 @@ def dropout_note(cfg: dict) -> str | None:
         on = ["attn_pdrop, resid_pdrop, embd_pdrop 0.1 (gpt2's defaults)"]
     if not on:
         return None
-    return (f"note: activations assume dropout off; this config has {', '.join(on)}: each dropout "
-            f"then keeps a mask, and attention on CPU falls back to a kernel that keeps s x s weights")
+    return (
+        f"note: activations assume dropout off; this config has {', '.join(on)}: each dropout "
+        f"then keeps a mask, and attention on CPU falls back to a kernel that keeps s x s weights"
+    )

@@ -56,16 +56,24 @@ def padded_numel(shape: list[int], world_size: int) -> int:
     return padded(shape[0], world_size) * rest if shape else 1
 
 
-def state_bytes_theory(shapes: list[list[int]], world_size: int, rank: int = 0,
-                       param_bytes: int = 4, optim_slots: int = ADAM_STATE_SLOTS) -> dict:
+def state_bytes_theory(
+    shapes: list[list[int]],
+    world_size: int,
+    rank: int = 0,
+    param_bytes: int = 4,
+    optim_slots: int = ADAM_STATE_SLOTS,
+) -> dict:
     """Per-rank bytes of sharded parameters, gradients and Adam state with ``fully_shard``.
 
-        local  = sum over parameters of numel(local_shape(shape, N, rank))
-        params = grads = 4 * local;  optimizer = 2 * 4 * local   (fp32 master, grads, Adam)
+    local  = sum over parameters of numel(local_shape(shape, N, rank))
+    params = grads = 4 * local;  optimizer = 2 * 4 * local   (fp32 master, grads, Adam)
     """
     local = sum(math.prod(local_shape(s, world_size, rank)) for s in shapes)
-    return {"params": local * param_bytes, "grads": local * param_bytes,
-            "optimizer": optim_slots * local * param_bytes}
+    return {
+        "params": local * param_bytes,
+        "grads": local * param_bytes,
+        "optimizer": optim_slots * local * param_bytes,
+    }
 
 
 def reshard_per_group(reshard_after_forward, groups: int, world_size: int) -> list:
@@ -79,8 +87,11 @@ def reshard_per_group(reshard_after_forward, groups: int, world_size: int) -> li
         int N    -> True
         a list   -> one value per group, each read the same way
     """
-    values = list(reshard_after_forward) if isinstance(reshard_after_forward, (list, tuple)) \
+    values = (
+        list(reshard_after_forward)
+        if isinstance(reshard_after_forward, (list, tuple))
         else [reshard_after_forward] * groups
+    )
     settled = []
     for index, value in enumerate(values):
         if value is None:
@@ -91,9 +102,14 @@ def reshard_per_group(reshard_after_forward, groups: int, world_size: int) -> li
     return settled
 
 
-def collective_bytes_theory(group_shapes: list[list[list[int]]], world_size: int,
-                            reshard_after_forward=True, root_reshards: bool = False,
-                            param_bytes: int = 4, reduce_bytes: int = 4) -> dict:
+def collective_bytes_theory(
+    group_shapes: list[list[list[int]]],
+    world_size: int,
+    reshard_after_forward=True,
+    root_reshards: bool = False,
+    param_bytes: int = 4,
+    reduce_bytes: int = 4,
+) -> dict:
     """Payload bytes per step with ``fully_shard`` (``group_shapes[0]``: the root's own
     parameters, then one list of shapes per block).
 
@@ -116,17 +132,26 @@ def collective_bytes_theory(group_shapes: list[list[list[int]]], world_size: int
     if isinstance(reshard_after_forward, (list, tuple)) or reshard_after_forward is None:
         per_group = reshard_per_group(reshard_after_forward, len(sizes), world_size)
     else:
-        per_group = reshard_per_group([reshard_after_forward if root_reshards else False]
-                                      + [reshard_after_forward] * (len(sizes) - 1),
-                                      len(sizes), world_size)
+        per_group = reshard_per_group(
+            [reshard_after_forward if root_reshards else False]
+            + [reshard_after_forward] * (len(sizes) - 1),
+            len(sizes),
+            world_size,
+        )
     regathered = sum(size for size, value in zip(sizes, per_group) if value is not False)
-    return {"all_gather": (sum(sizes) + regathered) * param_bytes,
-            "reduce_scatter": sum(sizes) * reduce_bytes}
+    return {
+        "all_gather": (sum(sizes) + regathered) * param_bytes,
+        "reduce_scatter": sum(sizes) * reduce_bytes,
+    }
 
 
-def held_after_forward_bytes(group_shapes: list[list[list[int]]], world_size: int,
-                             reshard_after_forward=None, rank: int = 0,
-                             param_bytes: int = 4) -> int:
+def held_after_forward_bytes(
+    group_shapes: list[list[list[int]]],
+    world_size: int,
+    reshard_after_forward=None,
+    rank: int = 0,
+    param_bytes: int = 4,
+) -> int:
     """Parameter bytes ``rank`` holds between forward and backward (what the model has
     registered then): per group, its local shard (True), the whole group (False), or its
     local shard over a group of g ranks (an int g: ``local_rows`` with g, at rank % g).

@@ -18,9 +18,15 @@ def node_of_rank(rank: int, ranks_per_node: int) -> int:
     return rank // ranks_per_node
 
 
-def hsdp_collective_bytes(group_shapes: list[list[list[int]]], replicas: int, shards: int,
-                          reshard_after_forward: bool = True, root_reshards: bool = False,
-                          param_bytes: int = 4, reduce_bytes: int = 4) -> dict:
+def hsdp_collective_bytes(
+    group_shapes: list[list[list[int]]],
+    replicas: int,
+    shards: int,
+    reshard_after_forward: bool = True,
+    root_reshards: bool = False,
+    param_bytes: int = 4,
+    reduce_bytes: int = 4,
+) -> dict:
     """Payload bytes per step of HSDP on an ``(replicas, shards)`` mesh, split by link.
 
     ``group_shapes``: the root's own parameter shapes first, then one list per block (as
@@ -36,18 +42,31 @@ def hsdp_collective_bytes(group_shapes: list[list[list[int]]], replicas: int, sh
     So the slow links carry about P / S (times 2(R-1)/R per rank with a ring all-reduce),
     while the all-gathers (about 2 P) and the reduce-scatter (P) stay on the fast ones.
     """
-    intra = collective_bytes_theory(group_shapes, shards, reshard_after_forward, root_reshards,
-                                    param_bytes, reduce_bytes) if shards > 1 else {}
+    intra = (
+        collective_bytes_theory(
+            group_shapes, shards, reshard_after_forward, root_reshards, param_bytes, reduce_bytes
+        )
+        if shards > 1
+        else {}
+    )
     inter = {}
     if replicas > 1:
-        shard_elems = sum(padded_numel(s, shards) // shards for group in group_shapes for s in group)
+        shard_elems = sum(
+            padded_numel(s, shards) // shards for group in group_shapes for s in group
+        )
         inter = {"all_reduce": shard_elems * reduce_bytes}
     return {"intra": intra, "inter": inter}
 
 
-def flat_collective_bytes(group_shapes: list[list[list[int]]], nodes: int, ranks_per_node: int,
-                          reshard_after_forward: bool = True, root_reshards: bool = False,
-                          param_bytes: int = 4, reduce_bytes: int = 4) -> dict:
+def flat_collective_bytes(
+    group_shapes: list[list[list[int]]],
+    nodes: int,
+    ranks_per_node: int,
+    reshard_after_forward: bool = True,
+    root_reshards: bool = False,
+    param_bytes: int = 4,
+    reduce_bytes: int = 4,
+) -> dict:
     """The same model with plain ``fully_shard`` over all ``nodes * ranks_per_node`` ranks (a
     1-D mesh): every group spans every node, so with ``nodes > 1`` every collective crosses the
     slow links: about 2 P all-gathered + P reduce-scattered. Not every byte travels between
@@ -56,13 +75,15 @@ def flat_collective_bytes(group_shapes: list[list[list[int]]], nodes: int, ranks
     the whole collective; the payload is counted under ``"inter"`` in that sense.
     """
     world = nodes * ranks_per_node
-    payload = collective_bytes_theory(group_shapes, world, reshard_after_forward, root_reshards,
-                                      param_bytes, reduce_bytes)
+    payload = collective_bytes_theory(
+        group_shapes, world, reshard_after_forward, root_reshards, param_bytes, reduce_bytes
+    )
     return {"intra": {}, "inter": payload} if nodes > 1 else {"intra": payload, "inter": {}}
 
 
-def tp_mlp_all_reduce_bytes(rows: int, seq_len: int, d_model: int, n_layers: int,
-                            act_bytes: int = 4) -> int:
+def tp_mlp_all_reduce_bytes(
+    rows: int, seq_len: int, d_model: int, n_layers: int, act_bytes: int = 4
+) -> int:
     """Payload all-reduced per step by Megatron-style tensor parallelism of each block's MLP
     (``fc`` column-wise, ``proj`` row-wise), for ``rows`` sequences on one tensor-parallel group.
 

@@ -42,8 +42,13 @@ import math
 from dataclasses import dataclass
 
 from fsdp_course.theory import fsdp2 as fsdp2_theory
-from fsdp_course.theory.sharding import (collective_bytes, ddp_state_bytes, model_state_bytes,
-                                         padded, ring_sent_bytes)
+from fsdp_course.theory.sharding import (
+    collective_bytes,
+    ddp_state_bytes,
+    model_state_bytes,
+    padded,
+    ring_sent_bytes,
+)
 from fsdp_course.theory.wrapping import gathered_peaks
 
 STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "DDP")
@@ -55,8 +60,8 @@ ALLOWANCE_MIN = 0  # bytes; a GPU adds its CUDA context (~0.5 GiB): pass reserve
 # What a CPU rank's address space holds beyond its tensors (Python and autograd objects, the
 # allocator's rounding): a few MiB in lesson 7's 4-rank runs, which print how far each rank
 # grew. The allowance of a run under an address-space limit is at least this much.
-CPU_RANK_RESERVE = 8 * 1024 ** 2
-GIB = 1024 ** 3
+CPU_RANK_RESERVE = 8 * 1024**2
+GIB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -78,8 +83,20 @@ class GPTShape:
         """One block: ln1, qkv (3h x h), proj (h x h), ln2, fc (4h x h), proj (h x 4h), biases:
         12 h^2 + 13 h parameters."""
         h = self.hidden
-        return [(h,), (h,), (3 * h, h), (3 * h,), (h, h), (h,),
-                (h,), (h,), (4 * h, h), (4 * h,), (h, 4 * h), (h,)]
+        return [
+            (h,),
+            (h,),
+            (3 * h, h),
+            (3 * h,),
+            (h, h),
+            (h,),
+            (h,),
+            (h,),
+            (4 * h, h),
+            (4 * h,),
+            (h, 4 * h),
+            (h,),
+        ]
 
     def parameter_shapes(self) -> list[tuple[int, ...]]:
         """Every parameter in ``model.parameters()`` order (the order the optimizer walks):
@@ -136,8 +153,14 @@ class CountedShape(GPTShape):
         return [[self.count]]
 
 
-def model_for_params(num_params: float, layers: int = 32, vocab: int = 32000, seq: int = 2048,
-                     heads: int | None = None, hidden: int | None = None) -> CountedShape:
+def model_for_params(
+    num_params: float,
+    layers: int = 32,
+    vocab: int = 32000,
+    seq: int = 2048,
+    heads: int | None = None,
+    hidden: int | None = None,
+) -> CountedShape:
     """The planner's model when only the parameter count is given (``python -m fsdp_course.plan
     --params``, lesson 7's calculator): exactly ``round(num_params)`` parameters, with the layout
     of a GPT of about that size (``scaled_shape``, or the given ``hidden``)."""
@@ -150,8 +173,14 @@ def model_for_params(num_params: float, layers: int = 32, vocab: int = 32000, se
     return CountedShape(vocab, seq, hidden, layers, heads or max(1, hidden // 128), count)
 
 
-def scaled_shape(num_params: float, layers: int = 32, hidden: int = 4096, heads: int = 32,
-                 vocab: int = 32000, seq: int = 2048) -> GPTShape:
+def scaled_shape(
+    num_params: float,
+    layers: int = 32,
+    hidden: int = 4096,
+    heads: int = 32,
+    vocab: int = 32000,
+    seq: int = 2048,
+) -> GPTShape:
     """A GPT with about ``num_params`` parameters when only the count is known: the width
     that gives it at ``layers`` blocks (P ~ 12 L h^2 + 2 V h), rounded to a multiple of
     ``heads``."""
@@ -203,7 +232,9 @@ def root_activation_bytes(shape: GPTShape, batch: int, e: int) -> int:
     if hasattr(shape, "root_activation_bytes"):
         return shape.root_activation_bytes(batch, e)
     b, s = batch, shape.seq
-    return 2 * b * s * shape.hidden * e + 2 * b * s * e + 8 * s + 4 * b * s * shape.vocab + 8 * b * s
+    return (
+        2 * b * s * shape.hidden * e + 2 * b * s * e + 8 * s + 4 * b * s * shape.vocab + 8 * b * s
+    )
 
 
 def activation_bytes(shape: GPTShape, batch: int, e: int, checkpointed: list[int] = ()) -> int:
@@ -227,7 +258,7 @@ def recompute_time_fraction(shape: GPTShape, checkpointed: int) -> float:
 
     Full checkpointing of a model made of blocks costs about a third more.
     """
-    block = 2 * 12 * shape.hidden ** 2 + 4 * shape.seq * shape.hidden
+    block = 2 * 12 * shape.hidden**2 + 4 * shape.seq * shape.hidden
     model = shape.layers * block + 2 * shape.hidden * shape.vocab
     return checkpointed * block / (3 * model)
 
@@ -248,8 +279,9 @@ def working_bytes(shape: GPTShape, batch: int, e: int) -> int:
     return 6 * batch * shape.seq * shape.hidden * e + root_grad
 
 
-def backward_bytes(shape: GPTShape, batch: int, e: int, checkpointed: list[int],
-                   grad_shard: int, grad_buffer: int) -> dict:
+def backward_bytes(
+    shape: GPTShape, batch: int, e: int, checkpointed: list[int], grad_shard: int, grad_buffer: int
+) -> dict:
     """Activations and gradients alive in backward, at the block where their sum is largest.
 
     Backward visits the blocks last to first. In block ``i``'s backward are alive: the stored
@@ -267,7 +299,11 @@ def backward_bytes(shape: GPTShape, batch: int, e: int, checkpointed: list[int],
     full = block_activation_bytes(shape, batch, e)
     kept = checkpointed_block_bytes(shape, batch, e)
     best, best_i, prefix = None, 0, 0
-    root = shape.backward_root_bytes(batch, e) if hasattr(shape, "backward_root_bytes") else 8 * shape.seq
+    root = (
+        shape.backward_root_bytes(batch, e)
+        if hasattr(shape, "backward_root_bytes")
+        else 8 * shape.seq
+    )
     for i in range(shape.layers):
         done = (shape.layers - 1 - i) * grad_shard + (grad_buffer if i < shape.layers - 1 else 0)
         alive = {"activations": prefix + full + root, "grads": done}
@@ -277,8 +313,9 @@ def backward_bytes(shape: GPTShape, batch: int, e: int, checkpointed: list[int],
     return {**best, "block": best_i}
 
 
-def optimizer_temp_bytes(shape: GPTShape, world_size: int, strategy: str, api: str,
-                         foreach: bool) -> int:
+def optimizer_temp_bytes(
+    shape: GPTShape, world_size: int, strategy: str, api: str, foreach: bool
+) -> int:
     """The temporaries of AdamW's step, beyond its state (fp32, this rank's shards).
 
     ``foreach`` (PyTorch's default on GPUs) updates all tensors at once: ``sqrt`` of every
@@ -289,13 +326,21 @@ def optimizer_temp_bytes(shape: GPTShape, world_size: int, strategy: str, api: s
     Classic FSDP's tensors are the flat unit shards; FSDP2's and DDP's are the parameters.
     """
     if api == "classic" and strategy != "DDP":
-        sizes = [4 * math.ceil(n / (1 if strategy == "NO_SHARD" else world_size))
-                 for n in shape.unit_numels()]
-        return sum(sizes) if foreach else max(prev + 2 * cur for prev, cur in zip([0] + sizes, sizes))
+        sizes = [
+            4 * math.ceil(n / (1 if strategy == "NO_SHARD" else world_size))
+            for n in shape.unit_numels()
+        ]
+        return (
+            sum(sizes) if foreach else max(prev + 2 * cur for prev, cur in zip([0] + sizes, sizes))
+        )
     n = 1 if strategy == "DDP" else world_size
     if foreach:  # the local parameters in all (a model known by its count: exactly its share)
-        return sum(4 * math.prod(fsdp2_theory.local_shape(list(s), n, 0)) for s in shape.state_shapes())
-    sizes = [4 * math.prod(fsdp2_theory.local_shape(list(s), n, 0)) for s in shape.parameter_shapes()]
+        return sum(
+            4 * math.prod(fsdp2_theory.local_shape(list(s), n, 0)) for s in shape.state_shapes()
+        )
+    sizes = [
+        4 * math.prod(fsdp2_theory.local_shape(list(s), n, 0)) for s in shape.parameter_shapes()
+    ]
     return max(prev + 2 * cur for prev, cur in zip([0] + sizes, sizes))
 
 
@@ -308,8 +353,9 @@ def loss_transient_bytes(shape: GPTShape, batch: int, e: int) -> int:
     return logits * e + (4 * logits if e < 4 else 0)
 
 
-def sharded_state_bytes(shape: GPTShape, world_size: int, strategy: str, api: str,
-                        optimizer: str = "adamw") -> dict:
+def sharded_state_bytes(
+    shape: GPTShape, world_size: int, strategy: str, api: str, optimizer: str = "adamw"
+) -> dict:
     """params, grads, optimizer per rank, with the course's exact layouts (padding included):
     classic FSDP pads each unit's flat parameter (lesson 1), FSDP2 splits every parameter by
     rows (lesson 5: the largest share is rank 0's), DDP holds a full replica."""
@@ -318,14 +364,18 @@ def sharded_state_bytes(shape: GPTShape, world_size: int, strategy: str, api: st
         return ddp_state_bytes(shape.num_params, optim_slots=slots)
     if api == "classic":
         return model_state_bytes(shape.unit_numels(), world_size, strategy, optim_slots=slots)
-    return fsdp2_theory.state_bytes_theory(shape.state_shapes(), world_size, rank=0, optim_slots=slots)
+    return fsdp2_theory.state_bytes_theory(
+        shape.state_shapes(), world_size, rank=0, optim_slots=slots
+    )
 
 
 def _block_grad_shard_bytes(shape: GPTShape, world_size: int, strategy: str, api: str) -> int:
     """One block's gradient as this rank keeps it after the reduce-scatter (fp32)."""
     if api == "classic":
         return model_state_bytes([shape.unit_numels()[1]], world_size, strategy)["grads"]
-    return fsdp2_theory.state_bytes_theory([list(s) for s in shape.block_shapes()], world_size)["grads"]
+    return fsdp2_theory.state_bytes_theory([list(s) for s in shape.block_shapes()], world_size)[
+        "grads"
+    ]
 
 
 def _unit_gathered_bytes(shape: GPTShape, world_size: int, api: str, e: int) -> list[int]:
@@ -333,8 +383,10 @@ def _unit_gathered_bytes(shape: GPTShape, world_size: int, api: str, e: int) -> 
     FSDP2 pads each parameter's first dimension."""
     if api == "classic":
         return [padded(n, world_size) * e for n in shape.unit_numels()]
-    return [sum(fsdp2_theory.padded_numel(list(s), world_size) for s in unit) * e
-            for unit in shape.unit_shapes()]
+    return [
+        sum(fsdp2_theory.padded_numel(list(s), world_size) for s in unit) * e
+        for unit in shape.unit_shapes()
+    ]
 
 
 def gathered_bytes(shape: GPTShape, world_size: int, strategy: str, api: str, e: int) -> dict:
@@ -369,10 +421,19 @@ def gathered_bytes(shape: GPTShape, world_size: int, strategy: str, api: str, e:
     return one_at_a_time
 
 
-def plan(shape: GPTShape, batch: int, world_size: int, strategy: str = "FULL_SHARD",
-         api: str = "fsdp2", precision: str = "fp32", optimizer: str = "adamw",
-         ac: str = "none", gpu_bytes: float | None = None, reserve: int = ALLOWANCE_MIN,
-         foreach: bool = True) -> dict:
+def plan(
+    shape: GPTShape,
+    batch: int,
+    world_size: int,
+    strategy: str = "FULL_SHARD",
+    api: str = "fsdp2",
+    precision: str = "fp32",
+    optimizer: str = "adamw",
+    ac: str = "none",
+    gpu_bytes: float | None = None,
+    reserve: int = ALLOWANCE_MIN,
+    foreach: bool = True,
+) -> dict:
     """Per-rank bytes by category, the three moments of a step, the peak, and the verdict.
 
         live       params + optimizer + buffers (+ grads for DDP: its all-reduce buckets,
@@ -397,32 +458,62 @@ def plan(shape: GPTShape, batch: int, world_size: int, strategy: str = "FULL_SHA
     stored = activation_bytes(shape, batch, e, chosen)
     ddp = strategy == "DDP"
     grad_shard = 0 if ddp else _block_grad_shard_bytes(shape, world_size, strategy, api)
-    grad_buffer = 0 if ddp or api == "classic" else 4 * max(
-        _unit_gathered_bytes(shape, world_size, api, 1)[1:])
+    grad_buffer = (
+        0
+        if ddp or api == "classic"
+        else 4 * max(_unit_gathered_bytes(shape, world_size, api, 1)[1:])
+    )
     backward = backward_bytes(shape, batch, e, chosen, grad_shard, grad_buffer)
-    live = {"params": state["params"], "optimizer": state["optimizer"],
-            "grads": state["grads"] if ddp else 0, "buffers": shape.buffer_bytes()}
+    live = {
+        "params": state["params"],
+        "optimizer": state["optimizer"],
+        "grads": state["grads"] if ddp else 0,
+        "buffers": shape.buffer_bytes(),
+    }
     moments = {
-        "forward": {**live, "gathered": gathered["forward_end"], "activations": stored,
-                    "working": loss_transient_bytes(shape, batch, e)},
-        "backward": {**live, "grads": live["grads"] + backward["grads"],
-                     "gathered": gathered["backward"], "activations": backward["activations"],
-                     "working": working_bytes(shape, batch, e)},
-        "optimizer_step": {**state, "buffers": shape.buffer_bytes(),
-                           "working": optimizer_temp_bytes(shape, world_size, strategy, api, foreach)},
+        "forward": {
+            **live,
+            "gathered": gathered["forward_end"],
+            "activations": stored,
+            "working": loss_transient_bytes(shape, batch, e),
+        },
+        "backward": {
+            **live,
+            "grads": live["grads"] + backward["grads"],
+            "gathered": gathered["backward"],
+            "activations": backward["activations"],
+            "working": working_bytes(shape, batch, e),
+        },
+        "optimizer_step": {
+            **state,
+            "buffers": shape.buffer_bytes(),
+            "working": optimizer_temp_bytes(shape, world_size, strategy, api, foreach),
+        },
     }
     totals = {name: sum(parts.values()) for name, parts in moments.items()}
     peak_moment = max(totals, key=totals.get)
     peak = totals[peak_moment]
     allowance = max(int(ALLOWANCE_FRACTION * peak), reserve)
     result = {
-        "model": dict(shape.__dict__), "num_params": shape.num_params, "batch": batch,
-        "world_size": world_size, "strategy": strategy, "api": api, "precision": precision,
-        "optimizer": optimizer, "activation_checkpointing": ac, "checkpointed_blocks": len(chosen),
+        "model": dict(shape.__dict__),
+        "num_params": shape.num_params,
+        "batch": batch,
+        "world_size": world_size,
+        "strategy": strategy,
+        "api": api,
+        "precision": precision,
+        "optimizer": optimizer,
+        "activation_checkpointing": ac,
+        "checkpointed_blocks": len(chosen),
         "categories": {**state, "gathered": gathered["backward"], "activations": stored},
-        "moments": moments, "totals": totals, "peak": peak, "peak_moment": peak_moment,
-        "at_peak": moments[peak_moment], "backward_block": backward["block"],
-        "allowance": allowance, "needed": peak + allowance,
+        "moments": moments,
+        "totals": totals,
+        "peak": peak,
+        "peak_moment": peak_moment,
+        "at_peak": moments[peak_moment],
+        "backward_block": backward["block"],
+        "allowance": allowance,
+        "needed": peak + allowance,
         "wire_bytes": wire_bytes(shape, world_size, strategy, api, e),
     }
     if gpu_bytes is not None:
@@ -431,27 +522,44 @@ def plan(shape: GPTShape, batch: int, world_size: int, strategy: str = "FULL_SHA
     return result
 
 
-def check(shape: GPTShape, batch: int, world_size: int, strategy: str, api: str,
-          precision: str, optimizer: str) -> None:
+def check(
+    shape: GPTShape,
+    batch: int,
+    world_size: int,
+    strategy: str,
+    api: str,
+    precision: str,
+    optimizer: str,
+) -> None:
     """ValueError with one sentence for settings that mean nothing."""
-    for name, value in (("layers", shape.layers), ("hidden", shape.hidden), ("seq", shape.seq),
-                        ("vocab", shape.vocab), ("heads", shape.heads), ("batch", batch),
-                        ("world size", world_size)):
+    for name, value in (
+        ("layers", shape.layers),
+        ("hidden", shape.hidden),
+        ("seq", shape.seq),
+        ("vocab", shape.vocab),
+        ("heads", shape.heads),
+        ("batch", batch),
+        ("world size", world_size),
+    ):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
     if isinstance(shape, GPTShape) and shape.hidden % shape.heads:
         raise ValueError(f"hidden {shape.hidden} must be a multiple of heads {shape.heads}")
-    for name, value, choices in (("strategy", strategy, STRATEGIES), ("api", api, APIS),
-                                 ("precision", precision, tuple(PRECISIONS)),
-                                 ("optimizer", optimizer, tuple(OPTIMIZER_SLOTS))):
+    for name, value, choices in (
+        ("strategy", strategy, STRATEGIES),
+        ("api", api, APIS),
+        ("precision", precision, tuple(PRECISIONS)),
+        ("optimizer", optimizer, tuple(OPTIMIZER_SLOTS)),
+    ):
         if value not in choices:
             raise ValueError(f"unknown {name} {value!r}: choose from {', '.join(choices)}")
     if api == "fsdp2" and strategy == "NO_SHARD":
         raise ValueError("FSDP2 has no NO_SHARD: a replica on every rank is DDP (--strategy DDP)")
 
 
-def wire_bytes(shape: GPTShape, world_size: int, strategy: str, api: str, e: int,
-               reduce_bytes: int = 4) -> int:
+def wire_bytes(
+    shape: GPTShape, world_size: int, strategy: str, api: str, e: int, reduce_bytes: int = 4
+) -> int:
     """Bytes each rank sends per step (ring algorithms), from lesson 1's collective payloads:
     FULL_SHARD all-gathers about 2P (forward and backward) and reduce-scatters P; SHARD_GRAD_OP
     and DDP move about 2P in all; each rank sends (N - 1)/N of an all-gather or reduce-scatter
@@ -460,8 +568,9 @@ def wire_bytes(shape: GPTShape, world_size: int, strategy: str, api: str, e: int
     if world_size == 1:
         return 0
     classic_name = "NO_SHARD" if strategy == "DDP" else strategy
-    payload = collective_bytes(shape.unit_numels(), world_size, classic_name, param_bytes=e,
-                               reduce_bytes=reduce_bytes)
+    payload = collective_bytes(
+        shape.unit_numels(), world_size, classic_name, param_bytes=e, reduce_bytes=reduce_bytes
+    )
     return int(sum(ring_sent_bytes(kind, size, world_size) for kind, size in payload.items()))
 
 
@@ -486,12 +595,17 @@ def zero_stage_bytes(num_params: float, world_size: int, stage: int, k: int = 12
     params = 2 * num_params / (n if stage >= 3 else 1)
     grads = 2 * num_params / (n if stage >= 2 else 1)
     optimizer = k * num_params / (n if stage >= 1 else 1)
-    return {"params": params, "grads": grads, "optimizer": optimizer,
-            "total": params + grads + optimizer}
+    return {
+        "params": params,
+        "grads": grads,
+        "optimizer": optimizer,
+        "total": params + grads + optimizer,
+    }
 
 
-def smallest_world_size(shape: GPTShape, batch: int, gpu_bytes: float, limit: int = 4096,
-                        **settings) -> int | None:
+def smallest_world_size(
+    shape: GPTShape, batch: int, gpu_bytes: float, limit: int = 4096, **settings
+) -> int | None:
     """The fewest ranks on which ``plan`` says the model fits (None: not up to ``limit``)."""
     n = 1
     while n <= limit:

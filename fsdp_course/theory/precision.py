@@ -62,8 +62,13 @@ def dtype_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def collective_bytes(shapes: list[list[int]], world_size: int, param_dtype: torch.dtype,
-                     reduce_dtype: torch.dtype, api: str = "fsdp2") -> dict:
+def collective_bytes(
+    shapes: list[list[int]],
+    world_size: int,
+    param_dtype: torch.dtype,
+    reduce_dtype: torch.dtype,
+    api: str = "fsdp2",
+) -> dict:
     """Payload bytes of one step of a model sharded as ONE unit (the root, which stays gathered
     from forward to backward, so it is all-gathered once):
 
@@ -77,8 +82,10 @@ def collective_bytes(shapes: list[list[int]], world_size: int, param_dtype: torc
         elements = sum(padded_numel(shape, world_size) for shape in shapes)
     else:
         elements = padded(sum(math.prod(shape) for shape in shapes), world_size)
-    return {"all_gather": elements * dtype_bytes(param_dtype),
-            "reduce_scatter": elements * dtype_bytes(reduce_dtype)}
+    return {
+        "all_gather": elements * dtype_bytes(param_dtype),
+        "reduce_scatter": elements * dtype_bytes(reduce_dtype),
+    }
 
 
 def gathered_bytes(shapes: list[list[int]], param_dtype: torch.dtype) -> int:

@@ -20,8 +20,9 @@ ADAM_STATE_SLOTS = 2  # exp_avg and exp_avg_sq, each the size of the parameter (
 def fsdp_unit_numels(model: nn.Module, block_cls: type) -> list[int]:
     """Numels of the units transformer auto-wrap makes: the root (all parameters outside the
     blocks) first, then one per ``block_cls`` instance. Call on the unwrapped model."""
-    blocks = [sum(p.numel() for p in m.parameters()) for m in model.modules()
-              if isinstance(m, block_cls)]
+    blocks = [
+        sum(p.numel() for p in m.parameters()) for m in model.modules() if isinstance(m, block_cls)
+    ]
     total = sum(p.numel() for p in model.parameters())
     return [total - sum(blocks), *blocks]
 
@@ -47,9 +48,14 @@ def shard_group_size(strategy: str, world_size: int, replicas: int = 1) -> int:
     return world_size
 
 
-def model_state_bytes(unit_numels: list[int], world_size: int, strategy: str,
-                      replicas: int = 1, param_bytes: int = 4,
-                      optim_slots: int = ADAM_STATE_SLOTS) -> dict:
+def model_state_bytes(
+    unit_numels: list[int],
+    world_size: int,
+    strategy: str,
+    replicas: int = 1,
+    param_bytes: int = 4,
+    optim_slots: int = ADAM_STATE_SLOTS,
+) -> dict:
     """Per-rank bytes of parameters, gradients and optimizer state after backward.
 
         S      = shard_group_size(strategy, world_size, replicas)
@@ -65,21 +71,34 @@ def model_state_bytes(unit_numels: list[int], world_size: int, strategy: str,
     """
     shards = 1 if world_size == 1 else shard_group_size(strategy, world_size, replicas)
     local = sum(shard_numel(n, shards) for n in unit_numels)
-    return {"params": local * param_bytes, "grads": local * param_bytes,
-            "optimizer": optim_slots * local * param_bytes}
+    return {
+        "params": local * param_bytes,
+        "grads": local * param_bytes,
+        "optimizer": optim_slots * local * param_bytes,
+    }
 
 
-def ddp_state_bytes(num_params: int, param_bytes: int = 4,
-                    optim_slots: int = ADAM_STATE_SLOTS) -> dict:
+def ddp_state_bytes(
+    num_params: int, param_bytes: int = 4, optim_slots: int = ADAM_STATE_SLOTS
+) -> dict:
     """DDP: a full replica on every rank, whatever the world size: 4P + 4P + 8P = 16 P bytes of
     model state. Its all-reduce buckets come on top (4 P, a copy of every gradient, kept between
     steps), unless ``DDP(gradient_as_bucket_view=True)`` makes the gradients views into them."""
-    return {"params": num_params * param_bytes, "grads": num_params * param_bytes,
-            "optimizer": optim_slots * num_params * param_bytes}
+    return {
+        "params": num_params * param_bytes,
+        "grads": num_params * param_bytes,
+        "optimizer": optim_slots * num_params * param_bytes,
+    }
 
 
-def collective_bytes(unit_numels: list[int], world_size: int, strategy: str, replicas: int = 1,
-                     param_bytes: int = 4, reduce_bytes: int = 4) -> dict:
+def collective_bytes(
+    unit_numels: list[int],
+    world_size: int,
+    strategy: str,
+    replicas: int = 1,
+    param_bytes: int = 4,
+    reduce_bytes: int = 4,
+) -> dict:
     """Payload bytes per training step, by collective, for classic FSDP (root unit first).
 
         padded(n) = S * ceil(n / S)             (the all-gathered size of a unit)
@@ -105,21 +124,24 @@ def collective_bytes(unit_numels: list[int], world_size: int, strategy: str, rep
         gathered = sum(padded_numels)
     else:  # the root is not gathered again in backward
         gathered = sum(padded_numels) + sum(padded_numels[1:])
-    result = {"all_gather": gathered * param_bytes,
-              "reduce_scatter": sum(padded_numels) * reduce_bytes}
+    result = {
+        "all_gather": gathered * param_bytes,
+        "reduce_scatter": sum(padded_numels) * reduce_bytes,
+    }
     if strategy == "HYBRID_SHARD" and replicas > 1:
         result["all_reduce"] = sum(shard_numel(n, shards) for n in unit_numels) * reduce_bytes
     return result
 
 
-def gathered_peak_bytes(unit_numels: list[int], world_size: int, strategy: str,
-                        replicas: int = 1, param_bytes: int = 4) -> int:
+def gathered_peak_bytes(
+    unit_numels: list[int], world_size: int, strategy: str, replicas: int = 1, param_bytes: int = 4
+) -> int:
     """Peak bytes of unsharded parameters held at once (beyond the sharded state).
 
-        FULL_SHARD:    root + 2 * largest block: the root stays gathered for the whole step,
-                       and backward prefetches the next block while the current one computes
-        SHARD_GRAD_OP: every unit, padded: all stay gathered from forward until backward
-        NO_SHARD:      0 (parameters are never sharded, so nothing is gathered)
+    FULL_SHARD:    root + 2 * largest block: the root stays gathered for the whole step,
+                   and backward prefetches the next block while the current one computes
+    SHARD_GRAD_OP: every unit, padded: all stay gathered from forward until backward
+    NO_SHARD:      0 (parameters are never sharded, so nothing is gathered)
     """
     if world_size == 1 or strategy == "NO_SHARD":
         return 0
@@ -140,6 +162,7 @@ def ring_sent_bytes(kind: str, payload: int, world_size: int) -> float:
 
 # --- where each element lives: the layout of one flat parameter ------------------------------
 
+
 def shard_ranges(numel: int, shards: int) -> list[dict]:
     """Which elements of a flat parameter of ``numel`` elements each rank stores.
 
@@ -156,7 +179,9 @@ def shard_ranges(numel: int, shards: int) -> list[dict]:
     ranges = []
     for rank in range(shards):
         start, stop = min(rank * chunk, numel), min((rank + 1) * chunk, numel)
-        ranges.append({"rank": rank, "start": start, "stop": stop, "padding": chunk - (stop - start)})
+        ranges.append(
+            {"rank": rank, "start": start, "stop": stop, "padding": chunk - (stop - start)}
+        )
     return ranges
 
 
@@ -164,10 +189,14 @@ def shard_diagram(numel: int, shards: int) -> str:
     """A text drawing of ``shard_ranges``: one line per rank, ``p<i>`` a real element, ``·`` padding."""
     ranges = shard_ranges(numel, shards)
     width = len(f"p{numel - 1}")
-    lines = [f"flat parameter of {numel} elements on {shards} ranks: padded to "
-             f"{padded(numel, shards)}, {shard_numel(numel, shards)} per rank"]
+    lines = [
+        f"flat parameter of {numel} elements on {shards} ranks: padded to "
+        f"{padded(numel, shards)}, {shard_numel(numel, shards)} per rank"
+    ]
     for r in ranges:
-        cells = [f"p{i}".ljust(width) for i in range(r["start"], r["stop"])] + ["·".ljust(width)] * r["padding"]
+        cells = [f"p{i}".ljust(width) for i in range(r["start"], r["stop"])] + [
+            "·".ljust(width)
+        ] * r["padding"]
         note = f"   {r['padding']} padding" if r["padding"] else ""
         lines.append(f"rank {r['rank']}  [ {' '.join(cells)} ]{note}")
     return "\n".join(lines)
@@ -224,14 +253,19 @@ def flat_param_layout(param_numels: list[int], align: int = 0) -> tuple[list[tup
     return spans, offset
 
 
-def unit_storage_numel(param_numels: list[int], shards: int, world_size: int,
-                       use_orig_params: bool = False, align: int = 4) -> int:
+def unit_storage_numel(
+    param_numels: list[int],
+    shards: int,
+    world_size: int,
+    use_orig_params: bool = False,
+    align: int = 4,
+) -> int:
     """Elements one rank stores of one unit's flat parameter (its gradient has the same size).
 
-        use_orig_params=False:  ceil(n / S)                          n = sum of the parameters
-        use_orig_params=True:   L = flat length with alignment padding (flat_param_layout),
-                                padded to a multiple of the process group's size W
-                                (S when sharded, N for NO_SHARD), then L_W / S on each rank
+    use_orig_params=False:  ceil(n / S)                          n = sum of the parameters
+    use_orig_params=True:   L = flat length with alignment padding (flat_param_layout),
+                            padded to a multiple of the process group's size W
+                            (S when sharded, N for NO_SHARD), then L_W / S on each rank
     """
     if not use_orig_params:
         return shard_numel(sum(param_numels), shards)
@@ -240,9 +274,14 @@ def unit_storage_numel(param_numels: list[int], shards: int, world_size: int,
     return padded(length, group) // shards
 
 
-def unit_flat_numels(unit_param_numels: list[list[int]], world_size: int, strategy: str,
-                     replicas: int = 1, use_orig_params: bool = False,
-                     compute_bytes: int = 4) -> list[int]:
+def unit_flat_numels(
+    unit_param_numels: list[list[int]],
+    world_size: int,
+    strategy: str,
+    replicas: int = 1,
+    use_orig_params: bool = False,
+    compute_bytes: int = 4,
+) -> list[int]:
     """Each unit's flat-parameter length as FSDP builds it, for ``collective_bytes`` and
     ``gathered_peak_bytes`` (which pad it to the shard count themselves):
 
@@ -254,12 +293,19 @@ def unit_flat_numels(unit_param_numels: list[list[int]], world_size: int, strate
         return [sum(u) for u in unit_param_numels]
     shards = 1 if world_size == 1 else shard_group_size(strategy, world_size, replicas)
     align = alignment_numel(compute_bytes)
-    return [shards * unit_storage_numel(u, shards, world_size, True, align)
-            for u in unit_param_numels]
+    return [
+        shards * unit_storage_numel(u, shards, world_size, True, align) for u in unit_param_numels
+    ]
 
 
-def unit_real_numel(param_numels: list[int], shards: int, rank: int, world_size: int,
-                    use_orig_params: bool = False, align: int = 4) -> int:
+def unit_real_numel(
+    param_numels: list[int],
+    shards: int,
+    rank: int,
+    world_size: int,
+    use_orig_params: bool = False,
+    align: int = 4,
+) -> int:
     """Elements of real parameters (no padding of any kind) in ``rank``'s shard of one unit:
     with ``use_orig_params=True`` the optimizer sees the original parameters' shards, so this is
     what Adam keeps state for."""
@@ -271,10 +317,17 @@ def unit_real_numel(param_numels: list[int], shards: int, rank: int, world_size:
     return sum(max(0, min(hi, start + n) - max(lo, start)) for start, n in spans)
 
 
-def rank_state_bytes(unit_param_numels: list[list[int]], world_size: int, strategy: str,
-                     replicas: int = 1, rank: int = 0, use_orig_params: bool = False,
-                     compute_bytes: int = 4, param_bytes: int = 4,
-                     optim_slots: int = ADAM_STATE_SLOTS) -> dict:
+def rank_state_bytes(
+    unit_param_numels: list[list[int]],
+    world_size: int,
+    strategy: str,
+    replicas: int = 1,
+    rank: int = 0,
+    use_orig_params: bool = False,
+    compute_bytes: int = 4,
+    param_bytes: int = 4,
+    optim_slots: int = ADAM_STATE_SLOTS,
+) -> dict:
     """``rank``'s bytes of parameters, gradients and Adam state: ``model_state_bytes`` for
     every ``use_orig_params`` setting (``rank`` counts within the shard group).
 
@@ -291,18 +344,25 @@ def rank_state_bytes(unit_param_numels: list[list[int]], world_size: int, strate
     """
     shards = 1 if world_size == 1 else shard_group_size(strategy, world_size, replicas)
     align = alignment_numel(compute_bytes)
-    stored = sum(unit_storage_numel(u, shards, world_size, use_orig_params, align)
-                 for u in unit_param_numels)
+    stored = sum(
+        unit_storage_numel(u, shards, world_size, use_orig_params, align) for u in unit_param_numels
+    )
     if use_orig_params:
-        held = sum(unit_real_numel(u, shards, rank % shards, world_size, True, align)
-                   for u in unit_param_numels)
+        held = sum(
+            unit_real_numel(u, shards, rank % shards, world_size, True, align)
+            for u in unit_param_numels
+        )
     else:
         held = stored
-    return {"params": stored * param_bytes, "grads": stored * param_bytes,
-            "optimizer": optim_slots * held * param_bytes}
+    return {
+        "params": stored * param_bytes,
+        "grads": stored * param_bytes,
+        "optimizer": optim_slots * held * param_bytes,
+    }
 
 
 # --- reduce-scatter averages --------------------------------------------------------------------
+
 
 def gradient_divide_factors(data_parallel_size: int) -> tuple[float, float]:
     """How classic FSDP turns the reduce-scatter's *sum* into an *average* over the ``D`` ranks

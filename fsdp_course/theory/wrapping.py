@@ -17,9 +17,13 @@ def padded_bytes(numel: int, world_size: int, param_bytes: int = 4) -> int:
     return padded(numel, world_size) * param_bytes
 
 
-def gathered_peaks(unit_numels: list[int], world_size: int, param_bytes: int = 4,
-                   backward_prefetch: str | None = "BACKWARD_PRE",
-                   forward_prefetch: bool = False) -> dict:
+def gathered_peaks(
+    unit_numels: list[int],
+    world_size: int,
+    param_bytes: int = 4,
+    backward_prefetch: str | None = "BACKWARD_PRE",
+    forward_prefetch: bool = False,
+) -> dict:
     """Peak bytes of all-gathered (unsharded) parameters on a rank, by phase: classic FSDP,
     FULL_SHARD, units not nested. ``unit_numels``: the root first, then the other units in
     forward order; g(n) = ``padded_bytes(n)``; FSDP's defaults are ``BACKWARD_PRE`` and no
@@ -52,7 +56,7 @@ def gathered_peaks(unit_numels: list[int], world_size: int, param_bytes: int = 4
 
     def runs(length: int) -> list[int]:  # sums of `length` neighbours (fewer if there are fewer)
         length = min(length, len(others))
-        return [sum(others[i:i + length]) for i in range(len(others) - length + 1)] or [0]
+        return [sum(others[i : i + length]) for i in range(len(others) - length + 1)] or [0]
 
     forward = root + max(runs(2 if forward_prefetch else 1))
     if backward_prefetch == "BACKWARD_PRE":
@@ -60,7 +64,9 @@ def gathered_peaks(unit_numels: list[int], world_size: int, param_bytes: int = 4
     elif backward_prefetch in ("BACKWARD_POST", None):
         backward = root + max(runs(1))
     else:
-        raise ValueError(f"backward_prefetch {backward_prefetch!r}: BACKWARD_PRE, BACKWARD_POST or None")
+        raise ValueError(
+            f"backward_prefetch {backward_prefetch!r}: BACKWARD_PRE, BACKWARD_POST or None"
+        )
     return {"forward": forward, "backward": backward, "step": max(forward, backward)}
 
 

@@ -22,17 +22,31 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    apply_activation_checkpointing,
+)
 from torch.distributed.checkpoint import HuggingFaceStorageWriter
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
-                                                     set_model_state_dict, set_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import hf_model as hf  # this lesson's model side: config, blocks, corpus, checks
 import zero  # this lesson's DeepSpeed comparison
 from fsdp_course.checkpoint import compare_fingerprints, fingerprint
-from fsdp_course.config import TrainConfig, describe, int_at_least, list_help, names_from, parse_config
+from fsdp_course.config import (
+    TrainConfig,
+    describe,
+    int_at_least,
+    list_help,
+    names_from,
+    parse_config,
+)
 from fsdp_course.dist import distributed, mean_over_ranks
 from fsdp_course.learner import load_learner
 from fsdp_course.measure import MiB

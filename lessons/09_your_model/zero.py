@@ -29,7 +29,6 @@ import torch
 
 from fsdp_course.dist import mean_over_ranks
 from fsdp_course.measure import CommCounter, nbytes, state_bytes
-
 from hf_model import blocks, lm_loss
 
 VARIANTS = ("fsdp2", "classic", "zero1", "zero2", "zero3", "zero3-defaults", "zero2-buckets")
