@@ -3,7 +3,8 @@
 An exercise's notebook cell is saved to a file (``course_lab.learner.save_cell``) and handed to
 the lesson script with a flag (``--eval-module FILE``); the script loads it with one call:
 
-    evaluate = load_learner(cfg.eval_module, "--eval-module", "evaluate(model, batch, env)").evaluate
+    learner = load_learner(cfg.eval_module, "--eval-module", "evaluate(model, batch, env)")
+    evaluate = learner.evaluate
 
 Whatever is wrong with the file is a ``CourseError``: one line, and the script exits 2.
 """

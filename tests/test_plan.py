@@ -221,7 +221,8 @@ def test_cli_starts_without_torch(run_cmd):
         probe = (
             "import sys; from fsdp_course import plan; "
             f"code = plan.main({args!r}); "
-            "print('imported:', 'torch' in sys.modules, 'transformers' in sys.modules); sys.exit(code)"
+            "print('imported:', 'torch' in sys.modules, 'transformers' in sys.modules); "
+            "sys.exit(code)"
         )
         r = run_cmd([sys.executable, "-c", probe], timeout=60)
         assert r.returncode == 0, r.stderr
@@ -605,8 +606,9 @@ out = {}
 for path, precision in json.loads(sys.argv[1]):
     cfg = json.load(open(path))
     torch.manual_seed(0)
+    fields = {k: v for k, v in cfg.items() if k != "model_type"}
     model = AutoModelForCausalLM.from_config(
-        AutoConfig.for_model(cfg["model_type"], **{k: v for k, v in cfg.items() if k != "model_type"})).train()
+        AutoConfig.for_model(cfg["model_type"], **fields)).train()
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16-mixed" else None,
                               reduce_dtype=torch.float32)
     for layer in model.base_model.layers:

@@ -63,9 +63,15 @@ def _hint(case: dict, got: dict) -> str:
     """Where in the lesson to look, never the formula."""
     measured = case["measured"]
     if case["use_orig_params"] and got.get("params") == measured["params"]:
-        return "the parameters are right; section 7 showed which elements the optimizer keeps state for."
+        return (
+            "the parameters are right; section 7 showed which elements the optimizer keeps "
+            "state for."
+        )
     if case["use_orig_params"]:
-        return "section 7: where does FSDP insert padding with use_orig_params=True, and in which dtype's elements?"
+        return (
+            "section 7: where does FSDP insert padding with use_orig_params=True, and in which "
+            "dtype's elements?"
+        )
     if case["strategy"] == "HYBRID_SHARD":
         return "section 5: over how many ranks is each unit of a HYBRID_SHARD run split?"
     if case["mixed_precision"]:

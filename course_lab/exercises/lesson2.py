@@ -115,7 +115,9 @@ def check_wrap_policy(
             "not Block, and FSDP must recurse through body.stages[s].layers to find it."
         )
     if wrapping.is_nested(units):
-        inner = [n for n, _, k in units[1:] if k and any(n.startswith(l + ".") for l in layers)]
+        inner = [
+            n for n, _, k in units[1:] if k and any(n.startswith(layer + ".") for layer in layers)
+        ]
         return False, (
             f"units inside units (e.g. {inner[0] if inner else 'a container'}): wrap "
             "each DecoderLayer whole; smaller units inside it only add collectives."

@@ -46,7 +46,7 @@ def module_source(save, load) -> str:
 
 
 def _last_error(output: str) -> str:
-    lines = [l for l in output.splitlines() if "error" in l.lower()]
+    lines = [line for line in output.splitlines() if "error" in line.lower()]
     return (
         lines[0] if lines else output.strip().splitlines()[-1] if output.strip() else "no output"
     )[:300]
@@ -71,7 +71,10 @@ def _hint(saved: dict, reloaded: dict, different: list[str]) -> str:
             if o.startswith("rng.") and o != k and saved[o] == reloaded[k]
         ]
         if borrowed:
-            return f"model and optimizer came back, but {'; '.join(borrowed)} random-number generator state"
+            return (
+                f"model and optimizer came back, but {'; '.join(borrowed)} random-number "
+                "generator state"
+            )
         return (
             "model and optimizer came back, but not the random-number generator state of "
             + ", ".join(k[4:].replace("rank", "rank ") for k in states)
@@ -138,5 +141,6 @@ def check_dcp_save_load(save, load=None, ranks: int = 2, steps: int = 3) -> tupl
         )
     return True, (
         f"saved and loaded on {ranks} ranks, each with its own random stream: all "
-        f"{verdict['tensors']} fingerprints (model, optimizer state, every rank's RNG) bitwise equal."
+        f"{verdict['tensors']} fingerprints (model, optimizer state, every rank's RNG) bitwise "
+        "equal."
     )

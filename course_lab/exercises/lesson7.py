@@ -90,17 +90,22 @@ def check_fit(choose_settings, run=None) -> tuple[bool, str]:
             return False, f"{key} must be one of {', '.join(allowed)}, got {settings[key]!r}"
     plans = all_plans()
     mine = plans[(settings["strategy"], settings["activation_checkpointing"])]
-    label = f"{settings['strategy']} with activation checkpointing {settings['activation_checkpointing']}"
+    label = (
+        f"{settings['strategy']} with activation checkpointing "
+        f"{settings['activation_checkpointing']}"
+    )
     if not mine["fits"]:
         return False, (
             f"{label} does not fit: the planner needs {mine['needed'] / MiB:.1f} MiB per "
-            f"rank (peak {mine['peak'] / MiB:.1f} + allowance), the limit is {SCENARIO['limit_mib']} MiB"
+            f"rank (peak {mine['peak'] / MiB:.1f} + allowance), the limit is "
+            f"{SCENARIO['limit_mib']} MiB"
         )
     fewest = min(p["wire_bytes"] for p in plans.values() if p["fits"])
     if mine["wire_bytes"] > fewest:
         return False, (
-            f"{label} fits ({mine['needed'] / MiB:.1f} MiB) but sends {mine['wire_bytes'] / MiB:.1f} "
-            f"MiB per rank per step; a setting that fits sends {fewest / MiB:.1f} MiB. "
+            f"{label} fits ({mine['needed'] / MiB:.1f} MiB) but sends "
+            f"{mine['wire_bytes'] / MiB:.1f} MiB per rank per step; a setting that fits sends "
+            f"{fewest / MiB:.1f} MiB. "
             "Which lever saves memory without adding communication?"
         )
     if run is None:
@@ -119,5 +124,6 @@ def check_fit(choose_settings, run=None) -> tuple[bool, str]:
     return True, (
         f"{label}: needs {mine['needed'] / MiB:.1f} of {SCENARIO['limit_mib']} MiB, sends "
         f"{mine['wire_bytes'] / MiB:.1f} MiB per rank per step (the fewest of any setting that "
-        f"fits); trained for real on {SCENARIO['world_size']} ranks, rank 0 grew by {grew / MiB:.1f} MiB"
+        f"fits); trained for real on {SCENARIO['world_size']} ranks, rank 0 grew by "
+        f"{grew / MiB:.1f} MiB"
     )

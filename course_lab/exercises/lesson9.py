@@ -67,7 +67,8 @@ def check_shard(shard, main: dict, nproc: int | None = None, run=None) -> tuple[
     ]:
         return False, (
             f"{train['dtensor_params']} of {train['num_tensors']} parameters sharded, placements "
-            f"{train['placements']}: every parameter should be Shard(0) over the mesh you were given"
+            f"{train['placements']}: every parameter should be Shard(0) over the mesh you were "
+            "given"
         )
     share = train["local_param_bytes"] / train["full_param_bytes"]
     if share > 1 / world + 0.02:
@@ -78,5 +79,6 @@ def check_shard(shard, main: dict, nproc: int | None = None, run=None) -> tuple[
     return True, (
         f"{results['class']} ({results['num_params']:,} parameters): {len(units)} FSDP units "
         f"({blocks} {'/'.join(results['block_classes'])} + the root), all Shard(0), rank 0 holds "
-        f"{share:.1%} of the parameter bytes on {world} ranks; loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+        f"{share:.1%} of the parameter bytes on {world} ranks; "
+        f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
     )

@@ -53,8 +53,10 @@ def reduce_bytes_per_step(padded_numel: int, accum: int, no_sync: bool, grad_byt
 def reduce_bytes_saved(num_params: int, accum: int, world_size: int, grad_bytes: int = 4) -> dict:
     """What ``no_sync`` saves per optimizer step (padding ignored):
 
-    payload = (K - 1) * grad_bytes * P
-    sent    = payload * (N - 1) / N     bytes each rank sends less (ring reduce-scatter)
+        payload = (K - 1) * grad_bytes * P
+        sent    = payload * (N - 1) / N     bytes each rank sends less (ring reduce-scatter)
+
+    Returned as ``payload`` and ``sent_per_rank``.
     """
     payload = (accum - 1) * grad_bytes * num_params
     return {"payload": payload, "sent_per_rank": payload * (world_size - 1) / world_size}
@@ -65,9 +67,11 @@ def held_grad_bytes_theory(
 ) -> int:
     """Gradient bytes one rank holds between micro-batches (K >= 2):
 
-    no_sync:      grad_bytes * P               the unsharded gradient, kept until the last
-                                               micro-batch reduce-scatters it
-    sync always:  grad_bytes * P_pad / N       the rank's shard, accumulated in place
+        no_sync:      grad_bytes * P               the unsharded gradient, kept until the last
+                                                   micro-batch reduce-scatters it
+        sync always:  grad_bytes * P_pad / N       the rank's shard, accumulated in place
+
+    The difference is what no_sync costs in memory, the same whatever K is.
     """
     if no_sync:
         return grad_bytes * num_params

@@ -339,9 +339,9 @@ def from_hf_config(cfg: dict, seq: int | None = None) -> DecoderShape:
         most = _field(cfg, "max_position_embeddings", 2048, required=False)
     if activation not in ACTIVATION_SAVES or (family in ROTARY) != (activation == "silu"):
         name = "activation_function" if family == "gpt2" else "hidden_act"
+        known = ["silu"] if family in ROTARY else [a for a in ACTIVATION_SAVES if a != "silu"]
         raise ConfigError(
-            f"cannot read {name!r} {activation!r}: the planner knows "
-            f"{'silu' if family in ROTARY else ', '.join(a for a in ACTIVATION_SAVES if a != 'silu')}"
+            f"cannot read {name!r} {activation!r}: the planner knows {', '.join(known)}"
         )
     seq = seq or min(most, 2048)
     if family == "gpt2" and seq > most:

@@ -65,8 +65,10 @@ def state_bytes_theory(
 ) -> dict:
     """Per-rank bytes of sharded parameters, gradients and Adam state with ``fully_shard``.
 
-    local  = sum over parameters of numel(local_shape(shape, N, rank))
-    params = grads = 4 * local;  optimizer = 2 * 4 * local   (fp32 master, grads, Adam)
+        local  = sum over parameters of numel(local_shape(shape, N, rank))
+        params = grads = 4 * local;  optimizer = 2 * 4 * local   (fp32 master, grads, Adam)
+
+    The 4 is ``param_bytes``, the 2 ``optim_slots``.
     """
     local = sum(math.prod(local_shape(s, world_size, rank)) for s in shapes)
     return {

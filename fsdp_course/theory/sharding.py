@@ -138,10 +138,12 @@ def gathered_peak_bytes(
 ) -> int:
     """Peak bytes of unsharded parameters held at once (beyond the sharded state).
 
-    FULL_SHARD:    root + 2 * largest block: the root stays gathered for the whole step,
-                   and backward prefetches the next block while the current one computes
-    SHARD_GRAD_OP: every unit, padded: all stay gathered from forward until backward
-    NO_SHARD:      0 (parameters are never sharded, so nothing is gathered)
+        FULL_SHARD:    root + 2 * largest block: the root stays gathered for the whole step,
+                       and backward prefetches the next block while the current one computes
+        SHARD_GRAD_OP: every unit, padded: all stay gathered from forward until backward
+        NO_SHARD:      0 (parameters are never sharded, so nothing is gathered)
+
+    HYBRID_SHARD counts as FULL_SHARD over one replica's ranks; one rank gathers nothing.
     """
     if world_size == 1 or strategy == "NO_SHARD":
         return 0
@@ -186,7 +188,8 @@ def shard_ranges(numel: int, shards: int) -> list[dict]:
 
 
 def shard_diagram(numel: int, shards: int) -> str:
-    """A text drawing of ``shard_ranges``: one line per rank, ``p<i>`` a real element, ``·`` padding."""
+    """A text drawing of ``shard_ranges``: one line per rank, ``p<i>`` a real element, ``·``
+    padding."""
     ranges = shard_ranges(numel, shards)
     width = len(f"p{numel - 1}")
     lines = [
@@ -206,7 +209,8 @@ def fsdp_unit_param_numels(model: nn.Module, block_cls: type) -> list[list[int]]
     """For each unit transformer auto-wrap makes (the root first, then one per ``block_cls``),
     the sizes of its parameters in the order FSDP flattens them: ``named_modules()`` order, each
     module's own parameters (``recurse=False``), parameters of wrapped blocks left to their
-    unit, a shared parameter once. Call on the unwrapped model. The sums are ``fsdp_unit_numels``."""
+    unit, a shared parameter once. Call on the unwrapped model. The sums are
+    ``fsdp_unit_numels``."""
     blocks = [m for m in model.modules() if isinstance(m, block_cls)]
     in_blocks = {id(p) for b in blocks for p in b.parameters()}
 
@@ -262,10 +266,12 @@ def unit_storage_numel(
 ) -> int:
     """Elements one rank stores of one unit's flat parameter (its gradient has the same size).
 
-    use_orig_params=False:  ceil(n / S)                          n = sum of the parameters
-    use_orig_params=True:   L = flat length with alignment padding (flat_param_layout),
-                            padded to a multiple of the process group's size W
-                            (S when sharded, N for NO_SHARD), then L_W / S on each rank
+        use_orig_params=False:  ceil(n / S)                          n = sum of the parameters
+        use_orig_params=True:   L = flat length with alignment padding (flat_param_layout),
+                                padded to a multiple of the process group's size W
+                                (S when sharded, N for NO_SHARD), then L_W / S on each rank
+
+    ``shards`` is S, ``world_size`` N; ``align`` is counted in elements.
     """
     if not use_orig_params:
         return shard_numel(sum(param_numels), shards)
@@ -367,7 +373,8 @@ def rank_state_bytes(
 def gradient_divide_factors(data_parallel_size: int) -> tuple[float, float]:
     """How classic FSDP turns the reduce-scatter's *sum* into an *average* over the ``D`` ranks
     that each computed a gradient on their part of the global batch (all N ranks; with
-    HYBRID_SHARD, shard group size x replicas, which is N again). ``_init_utils._init_process_group_state`` sets:
+    HYBRID_SHARD, shard group size x replicas, which is N again).
+    ``_init_utils._init_process_group_state`` sets:
 
         pre  = start at f = 1 and double f while D % f == 0 and D / f > f
                (``DefaultState._get_gradient_predivide_factor``): 2, 2, 2, 4 for D = 2, 3, 4, 8

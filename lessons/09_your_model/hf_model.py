@@ -64,7 +64,8 @@ def read_config(path: str):
         data = json.loads((file if file.is_file() else folder / "config.json").read_text())
         kind = CONFIG_MAPPING[data.pop("model_type")]
     except (ValueError, KeyError) as exc:
-        raise CourseError(f"--hf-config {path}: not a transformers config.json ({type(exc).__name__}: {exc})") from None
+        raise CourseError(f"--hf-config {path}: not a transformers config.json "
+                          f"({type(exc).__name__}: {exc})") from None
     return kind(**data)
 
 
@@ -172,10 +173,13 @@ def sharding_report(model) -> dict:
     return {"fsdp_units": fsdp_units(model), "num_blocks": len(blocks(model)),
             "block_units": sum(isinstance(b, FSDPModule) for b in blocks(model)),
             "placements": sorted({str(p.placements) for p in params if isinstance(p, DTensor)}),
-            "dtensor_params": sum(isinstance(p, DTensor) for p in params), "num_tensors": len(params),
-            "local_param_bytes": sum(p.to_local().numel() * p.element_size() if isinstance(p, DTensor)
-                                     else p.numel() * p.element_size() for p in params),
-            "full_param_bytes": sum(p.numel() * p.element_size() for p in params)}  # DTensor: global
+            "dtensor_params": sum(isinstance(p, DTensor) for p in params),
+            "num_tensors": len(params),
+            "local_param_bytes": sum(p.to_local().numel() * p.element_size()
+                                     if isinstance(p, DTensor) else p.numel() * p.element_size()
+                                     for p in params),
+            # a DTensor's numel() is the global one
+            "full_param_bytes": sum(p.numel() * p.element_size() for p in params)}
 
 
 def one_step(model, optimizer, data, cfg, env, step: int) -> float:
@@ -210,7 +214,10 @@ def fresh_folder(path: str, env) -> Path:
     if env.is_rank0:
         for name in ("dcp", "hf_full", "hf_dcp", "logits.pt"):
             target = out / name
-            shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
+            if target.is_dir():
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                target.unlink(missing_ok=True)
         out.mkdir(parents=True, exist_ok=True)
     dist.barrier()
     return out
@@ -243,7 +250,8 @@ def compare_with_from_pretrained(model, folder: Path, probe: torch.Tensor, env, 
 def get_full(model) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options)
 
 
 def print_report(env, results: dict) -> None:
@@ -256,6 +264,6 @@ def print_report(env, results: dict) -> None:
                    f"{train['garbage_buffers']} buffers refilled after to_empty")
     ckpt = results.get("checkpoint")
     if ckpt:
-        env.print0(f"checkpoint: DCP resume {'bitwise' if ckpt['loaded']['equal'] else 'DIFFERENT'} "
-                   f"({ckpt['loaded']['tensors']} tensors); next step losses {ckpt['next_losses']}; "
-                   f"way in: {ckpt['way_in']}")
+        resumed = "bitwise" if ckpt["loaded"]["equal"] else "DIFFERENT"
+        env.print0(f"checkpoint: DCP resume {resumed} ({ckpt['loaded']['tensors']} tensors); "
+                   f"next step losses {ckpt['next_losses']}; way in: {ckpt['way_in']}")

@@ -63,21 +63,27 @@ def flag(default, help: str, **more):
 @dataclass
 class Config(TrainConfig):
     steps: int = flag(12, "optimizer steps")
-    data: str | None = flag(None, "train on this file's bytes instead of lessons/09_your_model/corpus.txt")
+    data: str | None = flag(None, "train on this file's bytes instead of "
+                            "lessons/09_your_model/corpus.txt")
     batch_size: int = flag(4, "sequences per rank per step")
     log_every: int = flag(3, "print a metric line every N steps")
-    family: str = flag("llama", "the transformers model family built from config", choices=hf.FAMILIES)
+    family: str = flag("llama", "the transformers model family built from config",
+                       choices=hf.FAMILIES)
     ffn: int = flag(352, "MLP width (intermediate_size)")
     kv_heads: int = flag(2, "key/value heads (grouped-query attention)")
-    parts: tuple = flag(PARTS, list_help("parts", PARTS) + " (compare builds the model on every rank: "
-                        "small models only)", parse=names_from(PARTS))
+    parts: tuple = flag(PARTS, list_help("parts", PARTS) + " (compare builds the model on every "
+                        "rank: small models only)", parse=names_from(PARTS))
     mixed_precision: bool = flag(True, "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)")
     activation_checkpointing: bool = flag(True, "recompute each block in backward")
-    compare: tuple = flag(zero.VARIANTS, list_help("variants", zero.VARIANTS), parse=names_from(zero.VARIANTS))
-    compare_steps: int = flag(3, "steps per variant in the comparison (fp32)", parse=int_at_least(1))
-    hf_config: str | None = flag(None, "build the model from this config.json (or its folder) instead")
+    compare: tuple = flag(zero.VARIANTS, list_help("variants", zero.VARIANTS),
+                          parse=names_from(zero.VARIANTS))
+    compare_steps: int = flag(3, "steps per variant in the comparison (fp32)",
+                              parse=int_at_least(1))
+    hf_config: str | None = flag(None, "build the model from this config.json (or its folder) "
+                                 "instead")
     out: str = flag("runs/lesson9", "where checkpoints and exported models go")
-    shard_module: str | None = flag(None, "a .py file defining shard(model, mesh), called instead of fully_shard")
+    shard_module: str | None = flag(None, "a .py file defining shard(model, mesh), called "
+                                    "instead of fully_shard")
 
 
 def shard(cfg, env, mesh, config, reference, shard_fn=None):
@@ -110,7 +116,8 @@ def train(cfg, env, data, model, optimizer) -> dict:
         watch = step == min(1, cfg.steps - 1)  # one step measured (the tracker slows it)
         start = time.perf_counter()
         with MemoryProbe(model, optimizer, enabled=watch) as probe:
-            x, y = data.batch(step, env.rank, env.world_size, cfg.batch_size, cfg.seq_len, env.device)
+            x, y = data.batch(step, env.rank, env.world_size, cfg.batch_size, cfg.seq_len,
+                              env.device)
             loss = hf.lm_loss(model(x).logits, y)
             loss.backward()
             probe.before_zero_grad()
@@ -126,9 +133,11 @@ def train(cfg, env, data, model, optimizer) -> dict:
 def checkpoints(cfg, env, mesh, config, model, optimizer, data) -> dict:
     out = hf.fresh_folder(cfg.out, env)  # what an earlier run left there is removed first
     # --- DCP: every rank writes its own shards (and the optimizer's), in parallel ------------
-    dcp.save(dict(zip(("model", "optim"), get_state_dict(model, optimizer))), checkpoint_id=out / "dcp")
+    dcp.save(dict(zip(("model", "optim"), get_state_dict(model, optimizer))),
+             checkpoint_id=out / "dcp")
     # --- export 1: gather the full state dict to rank 0, then transformers' save_pretrained -----
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    full = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if env.is_rank0:  # full is {} on the other ranks (cpu_offload gathers to rank 0 only)
         plain = hf.build(config)
         plain.load_state_dict(full)
@@ -149,14 +158,18 @@ def checkpoints(cfg, env, mesh, config, model, optimizer, data) -> dict:
     state = dict(zip(("model", "optim"), get_state_dict(other, other_optimizer)))
     differs_before = not compare_fingerprints(fingerprint(model), fingerprint(other))["equal"]
     dcp.load(state, checkpoint_id=out / "dcp")
-    set_state_dict(other, other_optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    loaded = compare_fingerprints(fingerprint(model, optimizer), fingerprint(other, other_optimizer))
-    next_losses = [hf.one_step(m, o, data, cfg, env, cfg.steps) for m, o in ((model, optimizer), (other, other_optimizer))]
+    set_state_dict(other, other_optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
+    loaded = compare_fingerprints(fingerprint(model, optimizer),
+                                  fingerprint(other, other_optimizer))
+    next_losses = [hf.one_step(m, o, data, cfg, env, cfg.steps)
+                   for m, o in ((model, optimizer), (other, other_optimizer))]
     # --- the way in: rank 0 reads a Hugging Face checkpoint, every rank gets its shards --------
     fresh, _ = shard(cfg, env, mesh, config, hf.build_on_rank0(config, env, seed=cfg.seed + 2))
     set_model_state_dict(fresh, hf.read_safetensors(out / "hf_full") if env.is_rank0 else {},
                          options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-    way_in = hf.compare_with_from_pretrained(fresh, out / "hf_full", probe, env, hf.compute_dtype(cfg))
+    way_in = hf.compare_with_from_pretrained(fresh, out / "hf_full", probe, env,
+                                             hf.compute_dtype(cfg))
     return {"dcp_files": hf.files(out / "dcp"), "hf_full_files": hf.files(out / "hf_full"),
             "hf_dcp_files": hf.files(out / "hf_dcp"), "differs_before_load": differs_before,
             "loaded": loaded, "next_losses": next_losses, "way_in": way_in, "out": str(out)}
@@ -169,20 +182,24 @@ def main() -> None:
         hf.quiet(env.device)
         data = hf.load_corpus(cfg.data, cfg.seed)
         # What a config.json holds: read one (--hf-config), or the family's config with our sizes.
-        config = hf.read_config(cfg.hf_config) if cfg.hf_config else hf.config_for(cfg.family, cfg, data.vocab_size)
+        config = (hf.read_config(cfg.hf_config) if cfg.hf_config
+                  else hf.config_for(cfg.family, cfg, data.vocab_size))
         reference = hf.build_on_rank0(config, env, seed=cfg.seed)  # the plain model; None elsewhere
-        shard_fn = load_learner(cfg.shard_module, "--shard-module", "shard(model, mesh)").shard if cfg.shard_module else None
-        env.print0(f"lesson 9 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
+        shard_fn = (load_learner(cfg.shard_module, "--shard-module", "shard(model, mesh)").shard
+                    if cfg.shard_module else None)
+        env.print0(f"lesson 9 | {env.world_size} ranks | {env.backend} on {env.device.type} | "
+                   f"{describe(cfg)}")
         mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("shard",))
         results = hf.describe_model(reference) if env.is_rank0 else {}
-        env.print0(f"{results.get('class')}: {results.get('num_params', 0):,} parameters, blocks: {results.get('block_classes')}")
+        env.print0(f"{results.get('class')}: {results.get('num_params', 0):,} parameters, "
+                   f"blocks: {results.get('block_classes')}")
 
         # --- model, shard, optimizer, loop: bf16 compute, fp32 master weights and reduction ----
         if {"train", "checkpoint"} & set(cfg.parts):
             model, garbage = shard(cfg, env, mesh, config, reference, shard_fn)
             optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)  # after sharding: DTensors
-            results["train"] = dict(train(cfg, env, data, model, optimizer), garbage_buffers=garbage,
-                                    **hf.sharding_report(model))
+            results["train"] = dict(train(cfg, env, data, model, optimizer),
+                                    garbage_buffers=garbage, **hf.sharding_report(model))
         # --- checkpoints that leave the course ---------------------------------------------
         if "checkpoint" in cfg.parts:
             results["checkpoint"] = checkpoints(cfg, env, mesh, config, model, optimizer, data)
@@ -192,7 +209,8 @@ def main() -> None:
 
         # --- report ------------------------------------------------------------------------
         hf.print_report(env, results)
-        write_metrics(cfg.metrics, "lesson9", env, cfg, results.get("train", {}).get("history", []), results)
+        history = results.get("train", {}).get("history", [])
+        write_metrics(cfg.metrics, "lesson9", env, cfg, history, results)
 
 
 if __name__ == "__main__":

@@ -76,7 +76,8 @@ def deepspeed_facts() -> dict:
     zero_defaults = DeepSpeedZeroConfig()
     return {"version": deepspeed.__version__,
             "defaults": {"gradient_clipping": GRADIENT_CLIPPING_DEFAULT,
-                         "stage3_param_persistence_threshold": zero_defaults.param_persistence_threshold,
+                         "stage3_param_persistence_threshold":
+                             zero_defaults.param_persistence_threshold,
                          "reduce_bucket_size": zero_defaults.reduce_bucket_size,
                          "stage3_max_live_parameters": zero_defaults.max_live_parameters,
                          "stage3_max_reuse_distance": zero_defaults.max_reuse_distance},
@@ -103,7 +104,8 @@ def build_fsdp(variant, reference, mesh, env, lr):
         for block in blocks(model):
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
-        set_model_state_dict(model, reference.state_dict(), options=StateDictOptions(full_state_dict=True))
+        set_model_state_dict(model, reference.state_dict(),
+                             options=StateDictOptions(full_state_dict=True))
     else:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
@@ -120,7 +122,8 @@ def zero_bytes(variant, engine, zero_optimizer, after: str) -> dict:
     params = list(engine.module.parameters())
     if variant.startswith("zero3"):
         whole = [p for p in params if p.data.numel()]  # gathered now (persistent ones always)
-        out = {"params": sum(nbytes(p.ds_tensor) for p in params) + sum(nbytes(p.data) for p in whole),
+        out = {"params": sum(nbytes(p.ds_tensor) for p in params)
+                         + sum(nbytes(p.data) for p in whole),
                "persistent_params": sum(bool(getattr(p, "ds_persist", False)) for p in params),
                "master": sum(nbytes(t) for t in zero_optimizer.fp32_partitioned_groups_flat)}
     else:
@@ -146,7 +149,8 @@ def compare(cfg, env, mesh, reference, data) -> dict:
             model, optimizer = build_fsdp(variant, reference, mesh, env, cfg.lr)
         losses, memory, comm = [], {}, CommCounter()
         for step in range(cfg.compare_steps):
-            x, y = data.batch(step, env.rank, env.world_size, cfg.batch_size, cfg.seq_len, env.device)
+            x, y = data.batch(step, env.rank, env.world_size, cfg.batch_size, cfg.seq_len,
+                              env.device)
             watch = step == min(1, cfg.compare_steps - 1)
             with comm if watch else nullcontext():
                 loss = lm_loss(model(x).logits, y)
@@ -171,14 +175,15 @@ def compare(cfg, env, mesh, reference, data) -> dict:
         runs.append({"variant": variant, "losses": losses, "memory": memory,
                      "collectives": comm.summary(), "final": _digest(model, zero),
                      "config": deepspeed_config(variant, cfg.batch_size) if zero else None})
-        env.print0(f"{variant:14s} losses " + " ".join(f"{v:.6f}" for v in losses) + " | per-rank bytes "
-                   + " ".join(f"{k} {v:,}" for k, v in memory.items()))
+        env.print0(f"{variant:14s} losses " + " ".join(f"{v:.6f}" for v in losses)
+                   + " | per-rank bytes " + " ".join(f"{k} {v:,}" for k, v in memory.items()))
     facts = deepspeed_facts() if any(v.startswith("zero") for v in cfg.compare) else {}
     return {"runs": runs, "deepspeed": facts}
 
 
 def _digest(model, zero: bool) -> str:
-    """A fingerprint of the final full weights, by name (collective), to compare variants bitwise."""
+    """A fingerprint of the final full weights, by name (collective), to compare variants
+    bitwise."""
     if zero:
         import deepspeed
 
