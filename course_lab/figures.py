@@ -23,6 +23,8 @@ COLORS = {
     # collectives (lessons 0 to 5, 8)
     "all_gather": "#d62728", "reduce_scatter": "#ff7f0e", "all_reduce": "#1f77b4",
     "broadcast": "#17becf",
+    # phases of a step (lessons 2, 7): light, so the collectives drawn over them stay readable
+    "forward": "#aec7e8", "backward": "#c5b0d5", "held": "#d9d9d9",
     # measured against theory (every lesson): measured solid, theory dashed, both black-grey
     "measured": "#1f77b4", "theory": "#7f7f7f", "planner": "#7f7f7f", "reference": "#000000",
 }
