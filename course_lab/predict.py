@@ -198,8 +198,8 @@ class Prediction:
                     "measures it (below).")
         else:
             text = ""
-        hidden = (f"<span style='color:#6b7280'>&#128274; {html.escape(self.measured_what)}: "
-                  "hidden until you lock in a guess in the cell above</span>")
+        hidden = (f"<span style='color:#6b7280'>{html.escape(self.measured_what)}: <i>hidden until "
+                  "you lock in a guess in the cell above</i></span>")
         for shown in self._reveals:
             shown.value = text if self.locked else hidden
         if self._status is not None:

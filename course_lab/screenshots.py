@@ -67,6 +67,11 @@ def jupyterlab(folder: Path, env_extra: dict | None = None):
     notes.parent.mkdir(parents=True)
     notes.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False,
                                  "doNotDisturbMode": True}))
+    # Every cell in the page (JupyterLab 4 renders only the cells in view by default): the
+    # figures and prompts of a whole notebook can then be found and photographed.
+    tracker = settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
+    tracker.parent.mkdir(parents=True)
+    tracker.write_text(json.dumps({"windowingMode": "none"}))
     token = secrets.token_hex(16)
     env = {k: v for k, v in os.environ.items()
            if k not in ("LAB_IP", "LAB_OPEN_BROWSER", "JUPYTER_TOKEN", "JUPYTER_PASSWORD")}
@@ -112,7 +117,8 @@ def _ready(base: str, token: str) -> bool:
 
 
 def open_notebook(browser, base: str, token: str, relpath: str):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    # Tall: an element taller than the view (a quiz) is photographed whole.
+    page = browser.new_page(viewport={"width": 1400, "height": 3000})
     page.set_default_timeout(30_000)
     page.goto(f"{base}/lab/tree/{relpath}?token={token}")
     page.locator(".jp-NotebookPanel .jp-Notebook").first.wait_for()

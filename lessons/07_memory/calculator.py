@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from course_lab.figures import color
 from fsdp_course.theory import memory
 
 GIB = 1024 ** 3
 PARTS = ("params", "grads", "optimizer", "buffers", "gathered", "activations", "working")
-COLORS = ("#4c72b0", "#dd8452", "#55a868", "#8c8c8c", "#c44e52", "#8172b3", "#937860")
+COLORS = tuple(color(part) for part in PARTS)  # the course's colours: params blue in every lesson
 DEFAULTS = {"params_b": 7.0, "world_size": 8, "strategy": "FULL_SHARD", "precision": "bf16-mixed",
             "ac": "none", "batch": 1, "seq": 2048, "gpu_gib": 80.0}
 
