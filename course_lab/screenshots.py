@@ -63,6 +63,9 @@ def jupyterlab(folder: Path, env_extra: dict | None = None):
     root, settings = folder / "course", folder / "settings"
     shutil.copytree(REPO / "lessons", root / "lessons",
                     ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    for entry in ("launch", "docs", "solutions", "quizzes"):  # what a notebook reads by path
+        if (REPO / entry).exists():
+            (root / entry).symlink_to(REPO / entry)
     notes = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
     notes.parent.mkdir(parents=True)
     notes.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False,
@@ -120,8 +123,8 @@ def open_notebook(browser, base: str, token: str, relpath: str):
     # Tall: an element taller than the view (a quiz) is photographed whole.
     page = browser.new_page(viewport={"width": 1400, "height": 3000})
     page.set_default_timeout(30_000)
-    page.goto(f"{base}/lab/tree/{relpath}?token={token}")
-    page.locator(".jp-NotebookPanel .jp-Notebook").first.wait_for()
+    page.goto(f"{base}/lab/tree/{relpath}?reset&token={token}")  # reset: not the last tabs
+    page.locator(".jp-NotebookPanel:visible .jp-Notebook").first.wait_for()
     wait_idle(page, 120_000)
     return page
 
@@ -144,13 +147,19 @@ def wait_idle(page, timeout_ms: int) -> None:
 
 
 def run_all(page) -> None:
-    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-    page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
-    try:  # the first cell queued: wait_idle must not see the notebook before Run All began
-        page.locator(".jp-NotebookPanel:visible .jp-InputPrompt", has_text="*").first.wait_for(
-            timeout=10_000)
-    except Exception:  # noqa: BLE001 - playwright's TimeoutError: a notebook that ran at once
-        pass
+    """Run -> Run All Cells on the notebook in view, focused first (a fresh page may have no
+    current notebook for the menu's command); tried again if no cell was queued."""
+    panel = page.locator(".jp-NotebookPanel:visible").first
+    for _ in range(2):
+        panel.locator(".jp-Cell .jp-InputPrompt").first.click()
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+        page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
+        try:  # the first cell queued: wait_idle must not see the notebook before Run All began
+            panel.locator(".jp-InputPrompt", has_text=re.compile(r"\[(\*|\d+)\]")).first.wait_for(
+                timeout=15_000)
+            return
+        except Exception:  # noqa: BLE001 - playwright's TimeoutError: nothing queued yet
+            continue
 
 
 def run_all_and_wait(page, timeout_ms: int = 600_000) -> dict:
