@@ -241,7 +241,10 @@ def show_log(run: LessonRun, progress: "LaunchProgress | None" = None) -> None:
         display(fold)
 
 
-STEP_LINE = re.compile(r"^\s*(\d+) \|\s+[-\d.]+ \|")  # fsdp_course.report.MetricLogger's row
+# fsdp_course.report.MetricLogger's header and rows: " step |    loss |  ms/step | ..." then
+# "    3 |  2.6930 |    238.4 | ..." (a run's rows follow its own header).
+METRICS_HEADER = re.compile(r"^\s*step \|\s+loss \|")
+STEP_LINE = re.compile(r"^\s*(\d+) \|\s+(?:-?\d+\.\d{4}|nan|inf|-inf) \|")
 HEADER_LINE = re.compile(r"^lesson \d+ \| (\d+) ranks \|")
 
 
@@ -259,6 +262,7 @@ class LaunchProgress:
         self.steps = None
         self.step = None
         self.runs = 0
+        self.in_metrics = False  # a metric header seen: rows of other tables are not steps
         self.last = ""
         self.handle = display(HTML(self.html()), display_id=True)
 
@@ -273,12 +277,14 @@ class LaunchProgress:
             found = re.search(r"\bsteps=(\d+)", text)
             self.steps = int(found.group(1)) if found else None
             return
-        step = STEP_LINE.match(text)
-        if step:
-            k = int(step.group(1))
-            if self.step is not None and k <= self.step:
+        if METRICS_HEADER.match(text):
+            if self.in_metrics:
                 self.runs += 1  # a new run (a --variants entry, a restarted attempt) began
-            self.step = k
+            self.in_metrics = True
+            return
+        step = STEP_LINE.match(text) if self.in_metrics else None
+        if step:
+            self.step = int(step.group(1))
 
     def html(self) -> str:
         elapsed = time.monotonic() - self.started

@@ -25,19 +25,24 @@ def test_progress_follows_the_ranks_own_lines(monkeypatch):
     assert "starting 2 ranks" in p.html() and "<progress" not in p.html()
     p.feed("lesson 6 | 2 ranks | gloo on cpu | steps=3 batch_size=8\n")
     assert "2 ranks up" in p.html()
+    p.feed("   0 |          0 |          2 |                2 |          0 |   localhost\n")
+    p.feed("   1 |          1 |          2 |                2 |          0 |   localhost\n")
+    assert "step" not in p.html().split("ranks up")[1]  # a table of ranks is not a step
     p.feed(" step |    loss |  ms/step | peak MiB/rank |  sent MiB\n")
     p.feed("    0 |  3.2432 |    778.8 |         22.86 |     3.084\n")
     assert "step 1 of 3" in p.html() and "<progress value='1' max='3'" in p.html()
     p.feed("    2 |  2.6930 |    238.4 |         29.03 |         -\n")
     assert "step 3 of 3" in p.html()
-    p.feed("    0 |  3.2432 |    778.8 |         22.86 |     3.084\n")  # the next variant's run
-    assert "run 2, step 1 of 3" in p.html() and "5 lines of log" in p.html()
+    p.feed(" step |    loss |  ms/step | peak MiB/rank |  sent MiB\n")  # the next variant's run
+    p.feed("    0 |  3.2432 |    778.8 |         22.86 |     3.084\n")
+    assert "run 2, step 1 of 3" in p.html() and "8 lines of log" in p.html()
 
 
 def test_the_progress_is_redrawn_while_the_command_runs(monkeypatch):
     p = progress(monkeypatch)
     script = ("import time\nprint('lesson 6 | 2 ranks | gloo on cpu | steps=2', flush=True)\n"
-              "time.sleep(1.2)\nprint('    1 |  2.0000 |      1.0 |          1.00 |     1.000')")
+              "time.sleep(1.2)\nprint(' step |    loss |')\n"
+              "print('    1 |  2.0000 |      1.0 |          1.00 |     1.000')")
     run = run_command([sys.executable, "-c", script], echo=False, progress=p)
     assert run.returncode == 0 and run.seconds >= 1.2
     assert any("2 ranks up" in shown for shown in p.handle.shown)
