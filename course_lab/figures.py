@@ -6,7 +6,7 @@
 ``COLORS`` gives each memory category, collective and precision one colour, the same in every
 lesson (optimizer state is green wherever it is drawn). ``problems(fig)`` lists what makes a
 figure hard to read: two pieces of text on top of each other (titles, axis labels, tick labels,
-legends, annotations) or several series and no legend. The notebook tests run it on every figure
+legends, annotations), a legend drawn over bars, or several series and no legend. The notebook tests run it on every figure
 a notebook shows (``install_checks``).
 """
 
@@ -82,8 +82,14 @@ def _series(ax) -> int:
     return len(lines) + len(collections) + len(ax.containers)
 
 
+def _overlap(a, b) -> float:
+    """The smaller side of the intersection of two boxes in pixels (0: apart)."""
+    return max(0.0, min(min(a.x1, b.x1) - max(a.x0, b.x0), min(a.y1, b.y1) - max(a.y0, b.y0)))
+
+
 def problems(fig, tolerance_px: float = 1.0) -> list[str]:
-    """What makes ``fig`` hard to read: overlapping text, several series and no legend."""
+    """What makes ``fig`` hard to read: overlapping text, a legend over bars, several series and
+    no legend."""
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     boxes = [(what, t.get_window_extent(renderer)) for what, t in _texts(fig)]
@@ -94,6 +100,14 @@ def problems(fig, tolerance_px: float = 1.0) -> list[str]:
         height = min(box_a.y1, box_b.y1) - max(box_a.y0, box_b.y0)
         if width > tolerance_px and height > tolerance_px:
             found.append(f"{a} overlaps {b}")
+    for what, legend in _legends(fig):  # a legend drawn over bars hides what they measure
+        box = legend.get_window_extent(renderer)
+        for ax in fig.axes:
+            covered = [bar for bar in ax.patches if bar.get_visible() and _overlap(
+                box, bar.get_window_extent(renderer)) > tolerance_px]
+            if covered:
+                found.append(f"{what} covers {len(covered)} bar(s)")
+                break
     series = sum(_series(ax) for ax in fig.axes)
     annotated = any(ax.texts for ax in fig.axes)
     if series > 1 and not _legends(fig) and not annotated:

@@ -59,3 +59,15 @@ def test_a_figure_that_reads_passes_and_show_checks_it(monkeypatch):
     with pytest.raises(AssertionError, match="does not read at a glance"):
         plt.show()
     plt.close("all")
+
+
+def test_a_legend_over_bars_is_found():
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.bar(["a", "b"], [10, 10], label="tall", color=figures.color("params"))
+    ax.set_ylim(0, 10)
+    ax.legend(loc="upper left")
+    assert any("covers" in p for p in figures.problems(fig))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    assert figures.problems(fig) == []
+    plt.close(fig)
