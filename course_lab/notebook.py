@@ -71,7 +71,7 @@ def lesson_env(nproc: int | str | None, extra: dict | None = None) -> dict:
 
 def run_command(args: list[str], env: dict | None = None, echo: bool = True,
                 cwd: Path | None = None, timeout: float | None = None,
-                progress: "LaunchProgress | None" = None) -> LessonRun:
+                progress: LaunchProgress | None = None) -> LessonRun:
     """Run ``args``; print its output as it comes when ``echo``; return it as a LessonRun
     (``stdout`` holds both streams in the order they came, ``stderr`` stderr alone).
     ``progress`` sees every line and is redrawn from this thread while the command runs."""
@@ -132,7 +132,7 @@ def _cache_path(lesson: int, args: list[str], nproc, extra: dict | None) -> Path
 
 def launch_lesson(lesson: int, *args, nproc: int | str | None = 2, env: dict | None = None,
                   echo: bool = False, timeout: float | None = None,
-                  progress: "LaunchProgress | None" = None) -> LessonRun:
+                  progress: LaunchProgress | None = None) -> LessonRun:
     """``NPROC=nproc bash launch/lessonN.sh *args --metrics FILE``, finished: a LessonRun.
 
     Never raises for a failed run (``returncode`` says it). Shared within a test run (module doc).
@@ -214,7 +214,7 @@ def short_command(run: LessonRun, width: int = 90) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
-def show_log(run: LessonRun, progress: "LaunchProgress | None" = None) -> None:
+def show_log(run: LessonRun, progress: LaunchProgress | None = None) -> None:
     """The command, its exit code and its log: folded in JupyterLab (under one short line; the
     full command opens with the log), printed elsewhere. ``progress``: the live display the
     launch drew, replaced by the folded log."""

@@ -25,7 +25,7 @@ import re
 
 REVEAL_ENV = "COURSE_REVEAL_PREDICTIONS"
 _UNSET = object()
-_ALL: list["Prediction"] = []  # every prediction made in this kernel, in order
+_ALL: list[Prediction] = []  # every prediction made in this kernel, in order
 
 
 def _widgets_on() -> bool:

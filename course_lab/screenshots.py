@@ -158,7 +158,7 @@ def run_all(page) -> None:
             panel.locator(".jp-InputPrompt", has_text=re.compile(r"\[(\*|\d+)\]")).first.wait_for(
                 timeout=15_000)
             return
-        except Exception:  # noqa: BLE001 - playwright's TimeoutError: nothing queued yet
+        except Exception:  # noqa: BLE001, S112 - playwright's TimeoutError: nothing queued yet
             continue
 
 

@@ -14,10 +14,15 @@ from types import SimpleNamespace
 
 import nbformat
 import pytest
-
-from course_lab.screenshots import (ERROR_MARK, jupyterlab, open_notebook, run_all_and_wait,
-                                    wait_idle)
 from test_browser import WIDGET_FAILURES, browser  # noqa: F401  (a fixture)
+
+from course_lab.screenshots import (
+    ERROR_MARK,
+    jupyterlab,
+    open_notebook,
+    run_all_and_wait,
+    wait_idle,
+)
 
 LESSONS = {6: "lessons/06_silent_bugs/06_silent_bugs.ipynb",
            7: "lessons/07_memory/07_memory.ipynb",
@@ -26,7 +31,7 @@ PROGRESS_NB = "lessons/00_torchrun_ddp/launch_progress_check.ipynb"
 
 
 @pytest.fixture(scope="module")
-def server(browser, tmp_path_factory):
+def server(browser, tmp_path_factory):  # noqa: F811 - the imported fixture
     """lab.sh serving a copy of the notebooks, every cell rendered (course_lab.screenshots)."""
     tmp = tmp_path_factory.mktemp("lessons-lab")
     with jupyterlab(tmp) as (base, token):
@@ -34,7 +39,7 @@ def server(browser, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def ran(browser, server):
+def ran(browser, server):  # noqa: F811
     """Each of lessons 6-8 opened in its own page and run with Run -> Run All Cells once."""
     results = {}
 
@@ -86,7 +91,7 @@ def test_a_prediction_stays_hidden_after_run_all_until_a_guess(ran):
 
 
 @pytest.mark.slow
-def test_a_launch_cell_shows_progress_while_it_runs(browser, server):
+def test_a_launch_cell_shows_progress_while_it_runs(browser, server):  # noqa: F811
     """A launch with its own flags (so no other test's run is reused): rank 0 prints a metric line
     every step, and the cell shows the ranks up and a step bar before the folded log."""
     from playwright.sync_api import expect

@@ -5,10 +5,10 @@ from __future__ import annotations
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pytest  # noqa: E402
+import matplotlib.pyplot as plt
+import pytest
 
-from course_lab import figures  # noqa: E402
+from course_lab import figures
 
 
 def test_one_colour_per_category():
@@ -53,7 +53,7 @@ def test_a_figure_that_reads_passes_and_show_checks_it(monkeypatch):
     figures.install_checks()
     plt.show()
     assert figures.CHECKED[-1] == "memory"
-    fig2, axes = plt.subplots(1, 2, figsize=(3, 2))
+    _, axes = plt.subplots(1, 2, figsize=(3, 2))
     for a in axes:
         a.set_title("overlapping titles here")
     with pytest.raises(AssertionError, match="does not read at a glance"):

@@ -6,9 +6,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from helpers import lesson_script
 
 from fsdp_course.dist import CourseError
-from helpers import lesson_script
 
 WORLD_SIZES = range(1, 9)
 
