@@ -4,8 +4,9 @@
     metrics = run_lesson(1, "--strategy", "FULL_SHARD", nproc=2)
 
 ``run_lesson`` runs exactly what a learner types in a terminal (``bash launch/lessonN.sh``) and
-returns the metrics file the script wrote. In JupyterLab the run's log is folded under a
-"log" line you can open; the lesson's own tables stay in view. It is the one way the course
+returns the metrics file the script wrote. In JupyterLab the cell shows the launch while it runs
+(ranks up, step k of n from rank 0's metric lines, elapsed time), then folds its log under one
+short line you can open; the lesson's own tables stay in view. It is the one way the course
 runs a lesson from Python: notebooks, exercise checkers and tests all call it.
 
 Under the test suite (``COURSE_RUN_CACHE`` set by ``tests/conftest.py``) a launch with the
