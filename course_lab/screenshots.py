@@ -57,12 +57,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _copy_notebook_link_the_rest(src, dst):
+    if str(src).endswith(".ipynb"):
+        return shutil.copy2(src, dst)
+    os.symlink(os.path.abspath(src), dst)
+    return dst
+
+
 @contextmanager
 def jupyterlab(folder: Path, env_extra: dict | None = None):
     """``bash launch/lab.sh`` serving a copy of lessons/ under ``folder``; yields (base, token)."""
     root, settings = folder / "course", folder / "settings"
+    # The notebooks copied (JupyterLab saves them); every other file a link to the repository's,
+    # so a lesson module that finds its files through __file__ finds them where they are.
     shutil.copytree(REPO / "lessons", root / "lessons",
-                    ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+                    ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"),
+                    copy_function=_copy_notebook_link_the_rest)
     for entry in ("launch", "docs", "solutions", "quizzes"):  # what a notebook reads by path
         if (REPO / entry).exists():
             (root / entry).symlink_to(REPO / entry)
