@@ -4,8 +4,9 @@
     metrics = run_lesson(1, "--strategy", "FULL_SHARD", nproc=2)
 
 ``run_lesson`` runs exactly what a learner types in a terminal (``bash launch/lessonN.sh``) and
-returns the metrics file the script wrote. In JupyterLab the run's log is folded under a
-"log" line you can open; the lesson's own tables stay in view. It is the one way the course
+returns the metrics file the script wrote. In JupyterLab the cell shows the launch while it runs
+(ranks up, step k of n from rank 0's metric lines, elapsed time), then folds its log under one
+short line you can open; the lesson's own tables stay in view. It is the one way the course
 runs a lesson from Python: notebooks, exercise checkers and tests all call it.
 
 Under the test suite (``COURSE_RUN_CACHE`` set by ``tests/conftest.py``) a launch with the
@@ -20,11 +21,13 @@ import hashlib
 import html
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -44,6 +47,7 @@ class LessonRun:
     stderr: str
     metrics: dict | None
     nproc: str | None = None
+    seconds: float | None = None
 
 
 def launcher(lesson: int) -> Path:
@@ -67,9 +71,12 @@ def lesson_env(nproc: int | str | None, extra: dict | None = None) -> dict:
 
 
 def run_command(args: list[str], env: dict | None = None, echo: bool = True,
-                cwd: Path | None = None, timeout: float | None = None) -> LessonRun:
+                cwd: Path | None = None, timeout: float | None = None,
+                progress: LaunchProgress | None = None) -> LessonRun:
     """Run ``args``; print its output as it comes when ``echo``; return it as a LessonRun
-    (``stdout`` holds both streams in the order they came, ``stderr`` stderr alone)."""
+    (``stdout`` holds both streams in the order they came, ``stderr`` stderr alone).
+    ``progress`` sees every line and is redrawn from this thread while the command runs."""
+    started = time.monotonic()
     proc = subprocess.Popen([str(a) for a in args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=cwd or REPO,
                             bufsize=1)
@@ -83,6 +90,8 @@ def run_command(args: list[str], env: dict | None = None, echo: bool = True,
                 merged.append(line)
                 if also is not None:
                     also.append(line)
+                if progress is not None:
+                    progress.feed(line)
                 if echo:
                     print(line, end="", flush=True)
 
@@ -90,16 +99,28 @@ def run_command(args: list[str], env: dict | None = None, echo: bool = True,
                threading.Thread(target=pump, args=(proc.stderr, errors), daemon=True)]
     for reader in readers:
         reader.start()
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        merged.append(f"[killed after {timeout:g} s]\n")
+    deadline = None if timeout is None else started + timeout
+    while True:
+        # Short waits, so the progress is redrawn here (display updates belong to the cell's
+        # own thread) and the elapsed time moves even when no line comes.
+        wait = 0.5 if progress is not None else None
+        if deadline is not None:
+            wait = max(0.0, min(wait or deadline, deadline - time.monotonic()))
+        try:
+            proc.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            if deadline is not None and time.monotonic() >= deadline:
+                proc.kill()
+                proc.wait()
+                merged.append(f"[killed after {timeout:g} s]\n")
+                break
+            with lock:
+                progress.draw()
     for reader in readers:
         reader.join()
     return LessonRun([str(a) for a in args], proc.returncode, "".join(merged), "".join(errors),
-                     None)
+                     None, seconds=round(time.monotonic() - started, 1))
 
 
 def _cache_path(lesson: int, args: list[str], nproc, extra: dict | None) -> Path | None:
@@ -111,7 +132,8 @@ def _cache_path(lesson: int, args: list[str], nproc, extra: dict | None) -> Path
 
 
 def launch_lesson(lesson: int, *args, nproc: int | str | None = 2, env: dict | None = None,
-                  echo: bool = False, timeout: float | None = None) -> LessonRun:
+                  echo: bool = False, timeout: float | None = None,
+                  progress: LaunchProgress | None = None) -> LessonRun:
     """``NPROC=nproc bash launch/lessonN.sh *args --metrics FILE``, finished: a LessonRun.
 
     Never raises for a failed run (``returncode`` says it). Shared within a test run (module doc).
@@ -119,7 +141,7 @@ def launch_lesson(lesson: int, *args, nproc: int | str | None = 2, env: dict | N
     args = [str(a) for a in args]
     cached = _cache_path(lesson, args, nproc, env)
     if cached is None:
-        return _launch(lesson, args, nproc, env, echo, timeout)
+        return _launch(lesson, args, nproc, env, echo, timeout, progress)
     cached.parent.mkdir(parents=True, exist_ok=True)
     with open(cached.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second caller waits for the first one's run
@@ -128,16 +150,17 @@ def launch_lesson(lesson: int, *args, nproc: int | str | None = 2, env: dict | N
             if echo:
                 print(run.stdout, end="", flush=True)
             return run
-        run = _launch(lesson, args, nproc, env, echo, timeout)
+        run = _launch(lesson, args, nproc, env, echo, timeout, progress)
         cached.write_text(json.dumps(asdict(run)))
         return run
 
 
-def _launch(lesson, args, nproc, env, echo, timeout) -> LessonRun:
+def _launch(lesson, args, nproc, env, echo, timeout, progress=None) -> LessonRun:
     with tempfile.TemporaryDirectory(prefix=f"lesson{lesson}-") as tmp:
         metrics = Path(tmp) / "metrics.json"
         command = ["bash", str(launcher(lesson)), *args, "--metrics", str(metrics)]
-        run = run_command(command, env=lesson_env(nproc, env), echo=echo, timeout=timeout)
+        run = run_command(command, env=lesson_env(nproc, env), echo=echo, timeout=timeout,
+                          progress=progress)
         run.command = ["bash", f"launch/lesson{lesson}.sh", *args]
         run.nproc = None if nproc is None else str(nproc)
         if metrics.is_file():
@@ -155,9 +178,12 @@ def run_lesson(lesson: int, *args, nproc: int | str | None = 2, echo: bool | str
     with ``check=True`` a failed run raises RuntimeError with the last lines of its log.
     """
     live = echo is True
-    run = launch_lesson(lesson, *args, nproc=nproc, env=env, echo=live)
+    progress = None
+    if echo == "fold" and _in_notebook():
+        progress = LaunchProgress(lesson, [str(a) for a in args], nproc)
+    run = launch_lesson(lesson, *args, nproc=nproc, env=env, echo=live, progress=progress)
     if echo == "fold":
-        show_log(run)
+        show_log(run, progress)
     if not check:
         return run
     if run.returncode != 0 or run.metrics is None:
@@ -175,19 +201,116 @@ def _in_notebook() -> bool:
     return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
-def show_log(run: LessonRun) -> None:
-    """The command, its exit code and its log: folded in JupyterLab, printed elsewhere."""
+def short_command(run: LessonRun, width: int = 90) -> str:
+    """The command on one short line: a long flag value (a --variants list) is summarised."""
+    parts = [f"NPROC={run.nproc}"] if run.nproc else []
+    for arg in map(str, run.command):
+        if len(arg) > 40 and ";" in arg:
+            parts.append(f"<{arg.count(';') + 1} variants>")
+        elif len(arg) > 40:
+            parts.append(shlex.quote(arg[:30] + "…"))
+        else:
+            parts.append(shlex.quote(arg))
+    text = " ".join(parts)
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def show_log(run: LessonRun, progress: LaunchProgress | None = None) -> None:
+    """The command, its exit code and its log: folded in JupyterLab (under one short line; the
+    full command opens with the log), printed elsewhere. ``progress``: the live display the
+    launch drew, replaced by the folded log."""
     # Quoted as a shell needs it: a --variants value holds ";", which would end the command.
     command = (f"NPROC={run.nproc} " if run.nproc else "") + shlex.join(map(str, run.command))
     lines = run.stdout.count("\n")
-    summary = f"$ {command}   (exit {run.returncode}, {lines} lines of log)"
     if not _in_notebook():
-        print(summary)
+        print(f"$ {command}   (exit {run.returncode}, {lines} lines of log)")
         print(run.stdout, end="")
         return
     from IPython.display import HTML, display
-    display(HTML(f"<details><summary><code>{html.escape(summary)}</code></summary>"
-                 f"<pre>{html.escape(run.stdout)}</pre></details>"))
+    took = f", {run.seconds:.0f} s" if run.seconds is not None else ""
+    mark = "&#10003;" if run.returncode == 0 else "&#10007;"
+    colour = "#15803d" if run.returncode == 0 else "#b91c1c"
+    summary = (f"<span style='color:{colour}'>{mark}</span> <code>$ {html.escape(short_command(run))}"
+               f"</code> <span style='color:#6b7280'>(exit {run.returncode}{took}, {lines} lines of log"
+               " - click to open)</span>")
+    fold = HTML(f"<details class='course-launch-log'><summary>{summary}</summary>"
+                f"<pre style='white-space:pre-wrap'>$ {html.escape(command)}\n\n"
+                f"{html.escape(run.stdout)}</pre></details>")
+    if progress is not None and progress.handle is not None:
+        progress.handle.update(fold)
+    else:
+        display(fold)
+
+
+# fsdp_course.report.MetricLogger's header and rows: " step |    loss |  ms/step | ..." then
+# "    3 |  2.6930 |    238.4 | ..." (a run's rows follow its own header).
+METRICS_HEADER = re.compile(r"^\s*step \|\s+loss \|")
+STEP_LINE = re.compile(r"^\s*(\d+) \|\s+(?:-?\d+\.\d{4}|nan|inf|-inf) \|")
+HEADER_LINE = re.compile(r"^lesson \d+ \| (\d+) ranks \|")
+
+
+class LaunchProgress:
+    """A launch as it runs, in JupyterLab: which launch, ranks up, step k of n from rank 0's
+    metric lines (a bar), runs finished, elapsed time, the last line of the log."""
+
+    def __init__(self, lesson: int, args: list[str], nproc):
+        from IPython.display import HTML, display
+        self.lesson, self.nproc = lesson, nproc
+        self.args = args
+        self.started = time.monotonic()
+        self.lines = 0
+        self.ranks = None
+        self.steps = None
+        self.step = None
+        self.runs = 0
+        self.in_metrics = False  # a metric header seen: rows of other tables are not steps
+        self.last = ""
+        self.handle = display(HTML(self.html()), display_id=True)
+
+    def feed(self, line: str) -> None:
+        self.lines += 1
+        text = line.rstrip()
+        if text:
+            self.last = text
+        header = HEADER_LINE.match(text)
+        if header:
+            self.ranks = int(header.group(1))
+            found = re.search(r"\bsteps=(\d+)", text)
+            self.steps = int(found.group(1)) if found else None
+            return
+        if METRICS_HEADER.match(text):
+            if self.in_metrics:
+                self.runs += 1  # a new run (a --variants entry, a restarted attempt) began
+            self.in_metrics = True
+            return
+        step = STEP_LINE.match(text) if self.in_metrics else None
+        if step:
+            self.step = int(step.group(1))
+
+    def html(self) -> str:
+        elapsed = time.monotonic() - self.started
+        command = short_command(LessonRun(["bash", f"launch/lesson{self.lesson}.sh", *self.args],
+                                          0, "", "", None, None if self.nproc is None else str(self.nproc)))
+        if self.ranks is None:
+            state = f"starting {self.nproc or ''} ranks (torchrun, then torch in each process)"
+        else:
+            state = f"{self.ranks} ranks up"
+        bar = ""
+        if self.step is not None:
+            total = max(self.steps or 0, self.step + 1)
+            run = f"run {self.runs + 1}, " if self.runs else ""
+            state += f"; {run}step {self.step + 1} of {total}"
+            bar = (f"<progress value='{self.step + 1}' max='{total}' "
+                   "style='width:16em;vertical-align:middle'></progress> ")
+        return (f"<div class='course-launch-progress'><b>running</b> <code>{html.escape(command)}"
+                f"</code><br>{bar}{html.escape(state)} &middot; {elapsed:.0f} s &middot; "
+                f"{self.lines} lines of log<br><code style='color:#6b7280'>"
+                f"{html.escape(self.last[:120])}</code></div>")
+
+    def draw(self) -> None:
+        from IPython.display import HTML
+        if self.handle is not None:
+            self.handle.update(HTML(self.html()))
 
 
 def show_table(rows: list[dict], columns: list[str] | None = None) -> None:
@@ -215,21 +338,14 @@ def mib(num_bytes: float) -> float:
     return round(num_bytes / 2 ** 20, 3)
 
 
-def compare_prediction(guess, measured: float, unit: str = "", what: str = "the measurement") -> None:
-    """Print the learner's prediction next to the measurement, with the gap.
+def compare_prediction(guess, measured, unit: str = "", what: str = "the measurement") -> None:
+    """The learner's prediction next to the measurement, with the gap.
 
-    The notebook asks first (``my_guess = None  # your prediction``), then measures; an
-    unanswered prediction (None or ...) says so and shows the measurement anyway."""
-    unit = f" {unit}" if unit else ""
-    if guess is None or guess is Ellipsis:
-        print(f"no prediction given; {what}: {measured:,.6g}{unit}")
-        return
-    try:
-        guess = float(guess)
-    except (TypeError, ValueError):
-        print(f"your prediction {guess!r} is not a number; {what}: {measured:,.6g}{unit}")
-        return
-    gap = guess - measured
-    rel = f" ({gap / measured:+.1%})" if measured else ""
-    print(f"you predicted {guess:,.6g}{unit}; {what}: {measured:,.6g}{unit}; "
-          f"gap {gap:+,.6g}{unit}{rel}")
+    ``guess`` is what ``course_lab.predict.predict`` returned in the cell that asked (in
+    JupyterLab the measurement stays hidden until a guess is locked in there), or a plain value
+    (None: not given) for a notebook that still asks with ``my_guess = None``."""
+    from course_lab.predict import Prediction, gap_line
+    if isinstance(guess, Prediction):
+        guess.reveal(measured, unit, what)
+    else:
+        print(gap_line(guess, measured, unit, what))

@@ -23,6 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p for p in (REPO / "lessons").rglob("*.ipynb")
                    if ".ipynb_checkpoints" not in p.parts)
 SOLVED = "solution-check"  # marks the inserted copies of check cells
+FIGURE_CHECKS = "import course_lab.figures\ncourse_lab.figures.install_checks()"
+REVEAL_ALL = "import course_lab.predict\ncourse_lab.predict.reveal_all()"
 
 
 def exercise_tags(cell) -> list[str]:
@@ -180,6 +182,12 @@ def test_notebook_runs_untouched_then_passes_with_the_solutions(path: Path):
     nb.metadata.setdefault("kernelspec", {"name": "python3", "display_name": "Python 3",
                                           "language": "python"})
     originals, copies = with_solutions_after_checks(nb)
+    # Every figure the notebook shows must read at a glance (course_lab.figures.check: no text
+    # on top of other text, a legend where there are several series): a figure that does not
+    # fails its cell. At the end, every prediction must hold its measurement (hidden from the
+    # learner until a guess, but measured: course_lab.predict.reveal_all prints them all).
+    nb.cells.insert(0, nbformat.v4.new_code_cell(FIGURE_CHECKS))
+    nb.cells.append(nbformat.v4.new_code_cell(REVEAL_ALL))
 
     execute(nb, path.parent)  # raises CellExecutionError, with the cell, if any cell fails
 

@@ -48,6 +48,12 @@ class Spec:
     mods: tuple[str, ...]
 
 
+def default_global_batch(world_size: int, preferred: int = 64) -> int:
+    """64 samples per step where they split over the ranks (1, 2, 4, 8), else the nearest multiple
+    of the rank count (63 on 3 ranks): every rank count runs with the default flags."""
+    return world_size * max(1, round(preferred / world_size))
+
+
 def parse_spec(text: str) -> Spec:
     bad = (f"{text}: expected API:PARAM/REDUCE[/BUFFER][+MOD...], API fsdp2|classic, "
            f"dtypes {'|'.join(DTYPES)}, MOD {'|'.join(MODS)} (e.g. classic:bf16/fp32/fp32+scaler)")

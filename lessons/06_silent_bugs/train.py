@@ -60,8 +60,9 @@ class Config(TrainConfig):
                 "dtypes fp32|bf16|fp16, BUFFER classic only, MOD scaler|nocast|unit "
                 "(a GradScaler; features not cast: the dtype-mismatch bug; the MLP its own unit)"})
     precision_steps: int = field(default=20, metadata={"help": "part C: optimizer steps per variant"})
-    global_batch: int = field(default=64, metadata={
-        "help": "part C: samples per step over all ranks (fixed, so N=2 and N=4 are comparable)"})
+    global_batch: int | None = field(default=None, metadata={
+        "help": "part C: samples per step over all ranks (default: 64, or the nearest multiple of "
+                "the rank count; fixed, so N=2 and N=4 are comparable)"})
     exercise: str | None = field(default=None, metadata={
         "help": "the exercise: a .py file defining train(env, batches, steps, seed, inspect) "
                 "(default: mystery_loop.py, the loop with the bug)"})
@@ -74,6 +75,8 @@ def main() -> None:
         inits = cfg.init if "init" in cfg.parts else ()
         bns, sweep = (cfg.bn, cfg.bn_batch_sizes) if "batchnorm" in cfg.parts else ((), ())
         specs = [part_precision.parse_spec(s) for s in cfg.precision] if "precision" in cfg.parts else []
+        if cfg.global_batch is None:  # only a batch the learner chose can fail to split
+            cfg.global_batch = part_precision.default_global_batch(env.world_size)
         if specs and cfg.global_batch % env.world_size:
             raise CourseError(f"--global-batch {cfg.global_batch} does not split over {env.world_size} ranks")
         loop = load_learner(cfg.exercise or HERE / "mystery_loop.py", "--exercise",

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from course_lab.figures import color
 from fsdp_course.plan import MODELS
 from fsdp_course.theory import memory
 
 GIB = 1024 ** 3
 PARTS = ("params", "grads", "optimizer", "buffers", "gathered", "activations", "working")
-COLORS = ("#4c72b0", "#dd8452", "#55a868", "#8c8c8c", "#c44e52", "#8172b3", "#937860")
+COLORS = tuple(color(part) for part in PARTS)  # the course's colours: params blue in every lesson
 # It starts at section 1's model: the planner's course-gpt-7b, by its own count.
 DEFAULTS = {"params_b": MODELS["course-gpt-7b"]().num_params / 1e9, "world_size": 8,
             "strategy": "FULL_SHARD", "precision": "bf16-mixed", "ac": "none", "batch": 1,
