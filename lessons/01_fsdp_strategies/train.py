@@ -41,7 +41,7 @@ from fsdp_course.measure import (MiB, CommCounter, GatheredParamTracker, activat
                                  flat_state_bytes)
 from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import MetricLogger, unwatched_ms, write_metrics
-from strategy_report import (decay_groups, describe_parameters, hybrid_groups, parse_strategies,
+from runs import (decay_groups, describe_parameters, hybrid_groups, parse_strategies,
                              print_report, refused_run, replica_spread, run_label, shard_layout,
                              variant_configs)
 

@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-import fsdp2_runs as runs  # this lesson's plumbing: variants, checks, tables
+import runs  # this lesson's runs: variants, checks, tables
 from fsdp_course.config import TrainConfig, describe, parse_config
 from fsdp_course.data import load_data
 from fsdp_course.dist import distributed, mean_over_ranks

@@ -22,7 +22,7 @@ from pathlib import Path
 import part_batchnorm
 import part_init
 import part_precision
-import exercise_run
+import exercise
 from fsdp_course.config import TrainConfig, describe, list_help, names_from, parse_config
 from fsdp_course.data import load_data
 from fsdp_course.dist import CourseError, distributed
@@ -95,7 +95,7 @@ def main() -> None:
         if specs:  # --- C: mixed precision ------------------------------------------------------
             results["precision"] = part_precision.run_all(specs, cfg, env)
         if loop is not None:  # --- the exercise ---------------------------------------------------
-            results["exercise"] = exercise_run.run(loop, cfg, env)
+            results["exercise"] = exercise.run(loop, cfg, env)
 
         # --- report ----------------------------------------------------------------------------
         write_metrics(cfg.metrics, "lesson6", env, cfg, [], results)
