@@ -312,7 +312,7 @@ def test_a_variant_types_each_value_like_its_flag():
     import argparse
     from dataclasses import dataclass, field
 
-    from fsdp_course.config import describe, int_at_least, names_from, with_variant
+    from fsdp_course.config import describe, int_at_least, list_flag, with_variant
 
     class Wraps(tuple):
         def __new__(cls, text=()):
@@ -325,7 +325,7 @@ def test_a_variant_types_each_value_like_its_flag():
     @dataclass
     class Config:
         wrap: Wraps = Wraps(("none", "transformer"))
-        parts: tuple = field(default=("a", "b"), metadata={"parse": names_from(("a", "b"))})
+        parts: tuple = field(default=("a", "b"), metadata={"parse": list_flag("Parts", ("a", "b"))})
         model: str = field(default="gpt", metadata={"choices": ("gpt", "staged")})
         data: str | None = None
         steps: int = 3
@@ -350,7 +350,7 @@ def test_a_variant_types_each_value_like_its_flag():
 
     assert describe(Echoed()) == "parts=a,b no_sync=on,off"  # each list flag as it is typed
     for changes, said in [({"wrap": "blocks"}, "wrap=blocks: 'blocks': choose from none, transformer"),
-                          ({"parts": "c"}, "parts=c: c: choose from a, b"),
+                          ({"parts": "c"}, "parts=c: 'c': choose from a, b"),
                           ({"steps": "many"}, "steps=many: not a number"),
                           ({"keep": "0"}, "keep=0: must be at least 1, got 0"),  # its own parser
                           ({"model": "llama"}, "model=llama: choose from gpt, staged"),

@@ -38,7 +38,7 @@ import pitfalls  # lesson 4's own modules, next to this script (each docstring s
 import runs
 import state_dicts
 from fsdp_course import checkpoint as ckpt
-from fsdp_course.config import TrainConfig, describe, int_at_least, list_help, names_from, parse_config
+from fsdp_course.config import TrainConfig, describe, int_at_least, list_flag, list_help, parse_config
 from fsdp_course.data import load_data
 from fsdp_course.dist import distributed, mean_over_ranks, say
 from fsdp_course.measure import MiB, CommCounter, state_bytes
@@ -63,7 +63,7 @@ class Config(TrainConfig):
     reload: bool = field(default=False, metadata={"help": "after --save, load it into a fresh model (another init and RNG) and compare"})
     load: str | None = field(default=None, metadata={"help": "load this DCP checkpoint first (any world size)"})
     ckpt_module: str | None = field(default=None, metadata={"help": "a .py file with save(path, model, optimizer) and load(path, model, optimizer) for --save/--load"})
-    demo: tuple[str, ...] = field(default=(), metadata={"parse": names_from(runs.DEMOS), "help": list_help("after training", runs.DEMOS)})
+    demo: tuple[str, ...] = field(default=(), metadata={"parse": list_flag("Demos", runs.DEMOS), "help": list_help("after training", runs.DEMOS)})
     bug: str | None = field(default=None, metadata={"choices": ("rank0-only", "offload-cpu"), "help": "rank0-only: state_dict() on rank 0 only; offload-cpu: offload_to_cpu=True on CPU ranks"})
 
 
