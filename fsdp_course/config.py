@@ -115,8 +115,9 @@ class ListFlag(tuple):
         return ",".join(map(self.show, self))
 
 
-def list_flag(name: str, choices=(), item=None, *, expected: str | None = None, show=str,
-              fold=str.lower) -> type[ListFlag]:
+def list_flag(
+    name: str, choices=(), item=None, *, expected: str | None = None, show=str, fold=str.lower
+) -> type[ListFlag]:
     """A list flag's type: ``Wraps = list_flag("Wraps", WRAPS)`` takes names from ``choices``;
     ``item`` (text -> value, ValueError for a bad one) reads other items (numbers, on/off), with
     ``show`` to write one back and ``expected`` to say what a bad one should have been (left
@@ -130,11 +131,19 @@ def list_flag(name: str, choices=(), item=None, *, expected: str | None = None, 
 
     item_says = expected is None and not choices
     if expected is None:
-        expected = (f"choose from {', '.join(map(str, choices))}, several separated by commas"
-                    if choices else "comma-separated values")
-    members = {"expected": expected, "item_says": item_says, "item": staticmethod(item),
-               "show": staticmethod(show), "fold": staticmethod(fold or str),
-               "__doc__": f"A list flag's value: {expected}."}
+        expected = (
+            f"choose from {', '.join(map(str, choices))}, several separated by commas"
+            if choices
+            else "comma-separated values"
+        )
+    members = {
+        "expected": expected,
+        "item_says": item_says,
+        "item": staticmethod(item),
+        "show": staticmethod(show),
+        "fold": staticmethod(fold or str),
+        "__doc__": f"A list flag's value: {expected}.",
+    }
     return type(name, (ListFlag,), members)
 
 
