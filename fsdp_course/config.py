@@ -1,16 +1,18 @@
 """One dataclass per script, turned into argparse flags by one small helper.
 
     @dataclass
-    class Config:
-        steps: int = field(default=20, metadata={"help": "optimizer steps"})
-        strategy: str = field(default="FULL_SHARD", metadata={"choices": STRATEGIES})
+    class Config(TrainConfig):
+        steps: int = flag(20, "optimizer steps")
+        wrap: Wraps = flag(Wraps("transformer"), "wrap policies, one run each", parse=Wraps)
 
     cfg = parse_config(Config, __doc__)
+    for run_cfg, label in plan_runs(cfg): ...   # the command line's run, then each --variants'
 
 Field ``my_flag`` becomes ``--my-flag``; a bool becomes ``--my-flag / --no-my-flag``. A field
-whose metadata has ``"parse": fn`` is parsed by ``fn(text)`` (e.g. a comma-separated list into a
-tuple of checked names: ``names_from(CHOICES)``; a count with a floor: ``int_at_least(1)``);
-the default is used as given.
+whose metadata has ``"parse": fn`` is parsed by ``fn(text)``: a list flag by its ``list_flag``
+type (``--wrap none,size:20000`` -> ``Wraps(("none", "size:20000"))``, checked), a count with a
+floor by ``int_at_least(1)``. A setting becomes its value here, once, where the command line is
+read; the scripts pass values on, never the text. The default is used as given.
 """
 
 from __future__ import annotations
@@ -72,24 +74,81 @@ def build_parser(cls, doc: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def names_from(choices):
-    """The parser of a list flag: "a,b" -> ("a", "b"), each checked against ``choices``."""
+def flag(default, help: str, choices=None, **more) -> dataclasses.Field:
+    """A config field in one line: its default, its help text, the values it takes (argparse's
+    ``choices``), and more metadata (``parse=``, ``metavar=``)."""
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices, **more})
 
-    def parse(text: str) -> tuple[str, ...]:
-        names = tuple(name.strip() for name in text.split(",") if name.strip())
-        if not names:
-            raise argparse.ArgumentTypeError(f"give at least one of {', '.join(choices)}")
-        for name in names:
-            if name not in choices:
-                raise argparse.ArgumentTypeError(f"{name}: choose from {', '.join(choices)}")
-        return names
 
-    parse.__name__ = "list"  # argparse names the parser in its message: "invalid list value"
-    return parse
+class ListFlag(tuple):
+    """The value of a list flag, parsed once where the config is read: argparse calls the type on
+    the text (``"none,size:20000"``), and so does ``with_variant``. Each comma-separated item is
+    folded (``fold``: str.lower by default), read by ``item`` and kept in order. A bad item is
+    argparse's one-line error: the item named with ``expected``, or, where the type has no
+    ``expected`` of its own (``item_says``), the ArgumentTypeError ``item`` raised. It
+    prints as typed (``show`` writes an item back). Make one with ``list_flag``."""
+
+    expected = "comma-separated values"
+    item_says = False
+    fold = staticmethod(str.lower)
+    item = staticmethod(str)
+    show = staticmethod(str)
+
+    def __new__(cls, text=()):
+        if not isinstance(text, str):  # values already read (a default, dataclasses.asdict's copy)
+            return super().__new__(cls, text)
+        values = []
+        for word in filter(None, (w.strip() for w in text.split(","))):
+            try:
+                values.append(cls.item(cls.fold(word)))
+            except argparse.ArgumentTypeError:
+                if cls.item_says:
+                    raise
+                raise argparse.ArgumentTypeError(f"{word!r}: {cls.expected}") from None
+            except (KeyError, ValueError):
+                raise argparse.ArgumentTypeError(f"{word!r}: {cls.expected}") from None
+        if not values:
+            raise argparse.ArgumentTypeError(f"{text!r}: {cls.expected}")
+        return super().__new__(cls, values)
+
+    def __str__(self) -> str:
+        return ",".join(map(self.show, self))
+
+
+def list_flag(
+    name: str, choices=(), item=None, *, expected: str | None = None, show=str, fold=str.lower
+) -> type[ListFlag]:
+    """A list flag's type: ``Wraps = list_flag("Wraps", WRAPS)`` takes names from ``choices``;
+    ``item`` (text -> value, ValueError for a bad one) reads other items (numbers, on/off), with
+    ``show`` to write one back and ``expected`` to say what a bad one should have been (left
+    out, an ``item`` that raises ArgumentTypeError says it: ``int_at_least(2)``)."""
+    if item is None:
+
+        def item(word: str) -> str:
+            if word not in choices:
+                raise ValueError(word)
+            return word
+
+    item_says = expected is None and not choices
+    if expected is None:
+        expected = (
+            f"choose from {', '.join(map(str, choices))}, several separated by commas"
+            if choices
+            else "comma-separated values"
+        )
+    members = {
+        "expected": expected,
+        "item_says": item_says,
+        "item": staticmethod(item),
+        "show": staticmethod(show),
+        "fold": staticmethod(fold or str),
+        "__doc__": f"A list flag's value: {expected}.",
+    }
+    return type(name, (ListFlag,), members)
 
 
 def list_help(kind: str, choices) -> str:
-    """Help text of a ``names_from`` flag: what it lists, and the names it takes."""
+    """Help text of a list flag of names: what it lists, and the names it takes."""
     return f"{kind}: comma-separated, from {', '.join(choices)}"
 
 
@@ -139,11 +198,11 @@ def parse_variants(text: str) -> tuple[Variant, ...]:
 
 def with_variant(cfg, changes: dict, fixed: tuple[str, ...] = ("variants", "metrics")):
     """``cfg`` (a config with a ``variants`` field) with a variant's changes, each value typed like
-    its flag: bool true/false, else parsed as the command line parses it (the field's metadata
-    ``"parse"`` or its type, like a list flag's), checked against the field's ``"choices"``. A
-    list flag takes one value in a variant: commas separate the variant's changes.
-    ValueError with one sentence for a flag that does not exist (or is in ``fixed``: a variant
-    cannot change it) or a value of the wrong type."""
+    its flag: by the field's metadata ``"parse"`` (a list flag's type) as on the command line,
+    else by its declared type (bool true/false, a number, ``none`` for a flag whose default is
+    None), checked against the field's ``"choices"``. A list flag takes one value in a variant:
+    commas separate the variant's changes. ValueError with one sentence for a flag that does not
+    exist (or is in ``fixed``: a variant cannot change it) or a value of the wrong type."""
     fields = {f.name: f for f in dataclasses.fields(cfg)}
     typed = {}
     for name, text in changes.items():
@@ -152,27 +211,49 @@ def with_variant(cfg, changes: dict, fixed: tuple[str, ...] = ("variants", "metr
             raise ValueError(
                 f"--variants: no flag {flag}" + (" in a variant" if name in fields else "")
             )
-        current = getattr(cfg, name)
-        if isinstance(current, bool):
+        field, kind = fields[name], _field_type(type(cfg), fields[name])
+        if "parse" not in field.metadata and kind is bool:
             if text.lower() not in ("true", "false"):
                 raise ValueError(f"--variants: {flag[2:]}={text}: write true or false")
             typed[name] = text.lower() == "true"
-        elif isinstance(current, (int, float)) and "parse" not in fields[name].metadata:
+        elif "parse" not in field.metadata and kind in (int, float):
             try:
-                typed[name] = type(current)(text)
+                typed[name] = kind(text)
             except ValueError:
                 raise ValueError(f"--variants: {flag[2:]}={text}: not a number") from None
+        elif "parse" not in field.metadata and field.default is None and text.lower() == "none":
+            typed[name] = None
+            continue
         else:  # the flag's own parser, as on the command line (str leaves the text as it is)
             try:
-                typed[name] = _field_parser(type(cfg), fields[name])(text)
+                typed[name] = _field_parser(type(cfg), field)(text)
             except (ValueError, argparse.ArgumentTypeError) as exc:
                 raise ValueError(f"--variants: {flag[2:]}={text}: {exc}") from None
-        choices = fields[name].metadata.get("choices")
+        choices = field.metadata.get("choices")
         if choices and typed[name] not in choices:  # what argparse checks on the command line
             raise ValueError(
                 f"--variants: {flag[2:]}={text}: choose from {', '.join(map(str, choices))}"
             )
     return dataclasses.replace(cfg, variants=None, **typed)
+
+
+def plan_runs(cfg, fixed: tuple[str, ...] = ("variants", "metrics"), *, with_base: bool = True):
+    """The configs one launch runs, labelled: ``[(config, label), ...]``. The command line's
+    config (label None), then one per ``--variants`` entry: the command line's with the entry's
+    flags changed (``with_variant``), labelled as typed, ``(wrap=transformer,prefetch=post)``.
+    ``with_base=False``: the variants replace the command line's run (it still runs alone when
+    there are none). All are read before anything runs: a variant naming no flag, one in
+    ``fixed``, or a bad value is a CourseError (one line, exit 2). A script then runs each
+    config once per value of its list flags."""
+    from fsdp_course.dist import CourseError
+
+    runs = [(cfg, None)] if with_base or not cfg.variants else []
+    for changes in cfg.variants or ():
+        try:
+            runs.append((with_variant(cfg, changes, fixed), str(changes)))
+        except ValueError as exc:
+            raise CourseError(str(exc)) from None
+    return runs
 
 
 FLAGS_GRACE_S = 30.0

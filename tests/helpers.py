@@ -37,7 +37,7 @@ def run_cmd(args, env=None, timeout=120, cwd=None, input=None) -> subprocess.Com
 
 def lesson_script(lesson: int, name: str = "train"):
     """``lessons/NN_*/name.py`` imported as a module, as torchrun runs it: its folder first on
-    the path, so ``import plumbing`` finds this lesson's module and not another lesson's of the
+    the path, so ``import runs`` finds this lesson's module and not another lesson's of the
     same name (those are set aside and put back). Tests call the script's own functions (its
     flag parser, its checks) in-process this way instead of paying for a launch."""
     import importlib.util

@@ -319,7 +319,7 @@ def test_exercise_covers_every_measured_run_including_hybrid_and_orig_params(m2,
 def test_bad_strategy_input_is_one_line_and_exit_2():
     """The real command once, with the refusal that depends on the world size: HYBRID_SHARD on
     2 ranks, which cannot split into 2 groups of 2 or more (the other refusals go through the
-    same parse_strategies, in-process below)."""
+    same plan(), in-process below)."""
     proc, _ = launch(1, "--strategy", "HYBRID_SHARD", "--steps", "1", nproc=2)
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
@@ -328,23 +328,34 @@ def test_bad_strategy_input_is_one_line_and_exit_2():
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("text, world_size, replicas, said", [
-    ("ZERO4", 2, 2, "--strategy ZERO4: choose from FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD"),
-    ("full_shard,ZERO4", 4, 2, "--strategy ZERO4: choose from"),
-    ("HYBRID_SHARD", 2, 2, "HYBRID_SHARD: 2 ranks do not split into --replicas 2 groups of 2 or more"),
-    ("HYBRID_SHARD", 3, 2, "HYBRID_SHARD: 3 ranks do not split into --replicas 2 groups"),
+@pytest.mark.parametrize("argv, world_size, said", [
+    (["--strategy", "ZERO4"], 2,
+     "argument --strategy: 'ZERO4': choose from FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD"),
+    (["--strategy", "full_shard,ZERO4"], 4, "argument --strategy: 'ZERO4': choose from"),
+    (["--strategy", "HYBRID_SHARD"], 2, "HYBRID_SHARD: 2 ranks do not split into --replicas 2 groups of 2 or more"),
+    (["--strategy", "HYBRID_SHARD"], 3, "HYBRID_SHARD: 3 ranks do not split into --replicas 2 groups"),
+    (["--variants", "strategy=HYBRID_SHARD"], 2, "HYBRID_SHARD: 2 ranks do not split"),
 ])
-def test_bad_strategies_are_refused_in_one_line_by_the_scripts_parser(text, world_size, replicas, said):
-    """What train.py's main() does with --strategy before anything runs (parse_strategies with
-    the world size torchrun gave), in this process: a CourseError, which the script turns into
-    its one line and exit 2 (the test above shows that through torchrun)."""
+def test_bad_strategies_are_refused_in_one_line_by_the_scripts_parser(capsys, argv, world_size, said):
+    """What train.py's main() does with --strategy before anything runs, in this process: the
+    config reads it once (a name that is no strategy: argparse's one line, exit 2), then plan()
+    checks each run against the world size torchrun gave (a CourseError, which the script turns
+    into its one line and exit 2; the test above shows that through torchrun)."""
+    from fsdp_course.config import parse_config
     from fsdp_course.dist import CourseError
 
-    parse_strategies = lesson_script(1).parse_strategies
-    with pytest.raises(CourseError) as refused:
-        parse_strategies(text, world_size, replicas)
-    assert said in str(refused.value) and "\n" not in str(refused.value)
-    assert parse_strategies("hybrid_shard, full_shard", 4, 2) == ["HYBRID_SHARD", "FULL_SHARD"]
+    train = lesson_script(1)
+    try:
+        train.plan(parse_config(train.Config, argv=argv), world_size)
+    except SystemExit as exc:
+        assert exc.code == 2
+        assert said in capsys.readouterr().err.strip().splitlines()[-1]
+    except CourseError as exc:
+        assert said in str(exc) and "\n" not in str(exc)
+    else:
+        pytest.fail(f"{argv} on {world_size} ranks accepted")
+    assert train.Strategies("hybrid_shard, full_shard") == ("HYBRID_SHARD", "FULL_SHARD")
+    assert str(train.Strategies("hybrid_shard, full_shard")) == "HYBRID_SHARD,FULL_SHARD"
 
 
 def test_no_shard_deprecation_is_said_once(n2):
@@ -371,20 +382,23 @@ def test_instruments_watch_step_1_and_ms_per_step_times_the_others(m2, m4):
 
 
 def test_variants_parse_once_and_bad_ones_are_one_line():
+    """plan(): each --strategy on the command line's config, then each variant's; every value
+    typed once, by the flag's own parser (a variant's strategy too), the label made once."""
     train = lesson_script(1)
-    variant_configs = train.variant_configs
     from fsdp_course.config import parse_config, parse_variants
     from fsdp_course.dist import CourseError
 
     cfg = parse_config(train.Config, argv=["--strategy", "NO_SHARD", "--variants",
-                                           "mixed-precision=true; strategy=FULL_SHARD,d-model=130,steps=2"])
-    assert [str(v) for v in cfg.variants] == ["(mixed-precision=true)", "(strategy=FULL_SHARD,d-model=130,steps=2)"]
-    (first, s1), (second, s2) = variant_configs(cfg, 2)
-    assert (s1, first.mixed_precision, first.d_model) == ("NO_SHARD", True, 128)
+                                           "mixed-precision=true; strategy=full_shard,d-model=130,steps=2"])
+    assert [str(v) for v in cfg.variants] == ["(mixed-precision=true)", "(strategy=full_shard,d-model=130,steps=2)"]
+    base, (first, s1, label1, v1), (second, s2, label2, v2) = train.plan(cfg, 2)
+    assert base[1:] == ("NO_SHARD", "NO_SHARD", None) and base[0] is cfg
+    assert (s1, first.mixed_precision, first.d_model, label1) == ("NO_SHARD", True, 128, "NO_SHARD + bf16 mixed precision")
     assert (s2, second.d_model, second.steps, second.mixed_precision) == ("FULL_SHARD", 130, 2, False)
+    assert second.strategy == ("FULL_SHARD",) and (v1, v2) == tuple(str(v) for v in cfg.variants)
     for text, needle in (("warp=1", "no flag --warp"), ("d-model=wide", "not a number"),
-                         ("mixed-precision=yes", "true or false"), ("strategy=ZERO4", "--strategy ZERO4")):
+                         ("mixed-precision=yes", "true or false"), ("strategy=ZERO4", "strategy=ZERO4: 'ZERO4'")):
         with pytest.raises(CourseError, match=needle):
-            variant_configs(parse_config(train.Config, argv=["--variants", text]), 2)
+            train.plan(parse_config(train.Config, argv=["--variants", text]), 2)
     with pytest.raises(Exception, match="write flag=value"):
         parse_variants("mixed-precision")

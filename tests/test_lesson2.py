@@ -31,7 +31,7 @@ from course_lab.exercises.lesson2 import (check_wrap_policy, policy_file, policy
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "lessons" / "02_wrap_policies" / "02_wrap_policies.ipynb"
 SOLUTION = REPO / "solutions" / "lesson2_wrap_policy.py"
-STAGED = staged_lm_module()  # also puts lesson 2's folder on sys.path (staged_lm, lesson2_plumbing)
+STAGED = staged_lm_module()  # also puts lesson 2's folder on sys.path (staged_lm)
 # The notebook's launch, flag for flag (test_notebook_makes_this_launch): the policies, then
 # each prefetch setting with a timeline, then the exercise model with and without a policy.
 WRAPS = ("none", "transformer", "size", "size:20000", "custom")
@@ -290,7 +290,8 @@ def test_bad_flag_is_one_line():
 
 
 def test_flags_parse_once_into_typed_values():
-    from lesson2_plumbing import Prefetches, Wraps, load_policy
+    runs = lesson_script(2, "runs")
+    Prefetches, Wraps, load_policy = runs.Prefetches, runs.Wraps, runs.load_policy
     from fsdp_course.dist import CourseError
 
     assert Wraps(" None, size:20000 ") == ("none", "size:20000") and str(Wraps("none,size")) == "none,size"

@@ -268,13 +268,13 @@ def test_bad_flags_are_one_line():
 
 def test_planned_runs_skip_combinations_that_show_nothing():
     from types import SimpleNamespace
-    plumbing = lesson_script(3, "lesson3_plumbing")
-    Apis, Bugs, Counts, Sizes, Switches = (plumbing.Apis, plumbing.Bugs, plumbing.Counts, plumbing.Sizes,
-                                           plumbing.Switches)
+    runs = lesson_script(3, "runs")
+    Apis, Bugs, Counts, Sizes, Switches = (runs.Apis, runs.Bugs, runs.Counts, runs.Sizes,
+                                           runs.Switches)
     from fsdp_course.dist import CourseError
 
     def plan(no_sync, bug, last):
-        return plumbing.combinations(SimpleNamespace(api=Apis("fsdp1"), no_sync=Switches(no_sync),
+        return runs.combinations(SimpleNamespace(api=Apis("fsdp1"), no_sync=Switches(no_sync),
                                                      accum=Counts("3"), bug=Bugs(bug),
                                                      last_batch_size=Sizes(last), batch_size=2))
     assert plan("on,off", "none,no-sync-last", "0,1") == [
@@ -286,9 +286,9 @@ def test_planned_runs_skip_combinations_that_show_nothing():
 
 
 def test_list_flags_parse_once_into_typed_values():
-    plumbing = lesson_script(3, "lesson3_plumbing")
-    Apis, Bugs, Counts, Sizes, Switches = (plumbing.Apis, plumbing.Bugs, plumbing.Counts, plumbing.Sizes,
-                                           plumbing.Switches)
+    runs = lesson_script(3, "runs")
+    Apis, Bugs, Counts, Sizes, Switches = (runs.Apis, runs.Bugs, runs.Counts, runs.Sizes,
+                                           runs.Switches)
     assert Counts("1, 2,8") == (1, 2, 8) and str(Counts("1,2")) == "1,2"
     assert Switches("on,off") == (True, False) and str(Switches("off,on")) == "off,on"
     assert Apis("FSDP2,fsdp1") == ("fsdp2", "fsdp1")

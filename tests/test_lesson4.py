@@ -200,7 +200,7 @@ def test_mismatched_checkpoint_is_a_one_line_error(tmp_path):
 
 def test_missing_restarts_and_keep_0_are_one_line_errors(capsys, monkeypatch):
     """What train.py checks before training, in this process: its flags (parse_config), then
-    the flags that need periodic checkpoints (plumbing.periodic_checkpoints). Through torchrun a
+    the flags that need periodic checkpoints (runs.periodic_checkpoints). Through torchrun a
     CourseError is one line and exit 2: the previous test."""
     train = lesson_script(4)
     with pytest.raises(SystemExit) as exited:  # would prune the checkpoint a resume needs
@@ -212,11 +212,11 @@ def test_missing_restarts_and_keep_0_are_one_line_errors(capsys, monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")
     cfg = parse_config(train.Config, train.__doc__, argv=["--crash-at-step", "5"])
     with pytest.raises(CourseError) as refused:
-        train.plumbing.periodic_checkpoints(cfg)
+        train.runs.periodic_checkpoints(cfg)
     assert "MAX_RESTARTS=1 bash launch/lesson4.sh --crash-at-step" in str(refused.value)
     assert "\n" not in str(refused.value)
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")  # what the launcher gives it by default
-    assert train.plumbing.periodic_checkpoints(cfg)
+    assert train.runs.periodic_checkpoints(cfg)
 
 
 def test_check_loadable_messages(tmp_path):

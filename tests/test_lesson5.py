@@ -13,17 +13,15 @@ import importlib.util
 import json
 import math
 import re
-import sys
 
 import pytest
 
 from course_lab.exercises.lesson5 import check_shard, goal_all_gather_bytes
 from fsdp_course import theory
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, lesson_script
 from lesson_runs import launch, ok
 
-sys.path.insert(0, str(REPO_ROOT / "lessons" / "05_fsdp2"))
-import fsdp2_runs  # noqa: E402
+RUNS = lesson_script(5, "runs")  # lesson 5's runs.py
 
 MAIN_VARIANTS = ";".join([
     "bug=meta-buffers", "bug=optimizer-first",  # first, so the masks do not land in reused memory
@@ -325,10 +323,10 @@ def test_bad_variant_is_one_line(run_launcher):
 
 
 def test_parsers_and_theory():
-    assert fsdp2_runs.parse_reshard("default") is None and fsdp2_runs.parse_reshard("false") is False
-    assert fsdp2_runs.parse_reshard("true") is True and fsdp2_runs.parse_reshard("2") == 2
+    assert RUNS.parse_reshard("default") is None and RUNS.parse_reshard("false") is False
+    assert RUNS.parse_reshard("true") is True and RUNS.parse_reshard("2") == 2
     with pytest.raises(Exception):
-        fsdp2_runs.parse_reshard("maybe")
+        RUNS.parse_reshard("maybe")
     assert [theory.fsdp2.local_rows(27, 2, r) for r in range(2)] == [14, 13]
     assert [theory.fsdp2.local_rows(5, 4, r) for r in range(4)] == [2, 2, 1, 0]
     assert theory.fsdp2.stored_rows(5, 4) == 2 and theory.fsdp2.padded_numel([27, 128], 2) == 28 * 128

@@ -262,7 +262,7 @@ def test_help_lists_the_variants(capsys):
 
 
 BAD_FLAGS = [
-    (("--parts", "init,nonsense"), "argument --parts: nonsense: choose from init, batchnorm, precision, exercise"),
+    (("--parts", "init,nonsense"), "argument --parts: 'nonsense': choose from init, batchnorm, precision, exercise"),
     (("--precision", "fsdp2:bf17/fp32"), "argument --precision: fsdp2:bf17/fp32: expected API:PARAM/REDUCE"),
 ]
 
@@ -281,7 +281,7 @@ def test_bad_flags_are_refused_with_one_line(capsys, flags, said):
 
 @pytest.mark.slow
 def test_a_bad_flag_under_torchrun_is_one_line(run_launcher):
-    flags, said = BAD_FLAGS[1]  # the lesson's own parser (part_precision.parse_specs)
+    flags, said = BAD_FLAGS[1]  # the lesson's own parser (part_precision.Specs)
     r = run_launcher("lesson6.sh", *flags, env={"NPROC": "1"}, timeout=120)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr

@@ -1,7 +1,7 @@
 """Lesson 8 (troubleshooting and scale-out) under torchrun on CPU ranks: each failure reproduced
 and diagnosed in bounded time, HSDP over two torchrun agents (bytes by link vs theory, a node
 killed and resumed bitwise), the 2-D (data x tensor) mesh, accelerate's FSDP config, the
-exercise. The launches the notebook makes are shared with it (``lab8.shared`` and the course's
+exercise. The launches the notebook makes are shared with it (``jobs.shared`` and the course's
 launch cache): same names, flags and environment here as there.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from helpers import REPO_ROOT, run_cmd
 LESSON = REPO_ROOT / "lessons" / "08_troubleshooting"
 sys.path.insert(0, str(LESSON))
 import ecosystem  # noqa: E402
-import lab8  # noqa: E402
+import jobs  # noqa: E402
 
 from course_lab.exercises.lesson8 import check_fix_the_job  # noqa: E402
 from fsdp_course.theory import hsdp  # noqa: E402
@@ -27,38 +27,38 @@ from fsdp_course.theory import hsdp  # noqa: E402
 # --- the notebook's runs (same arguments as its cells) ---------------------------------------
 
 def hang():
-    return lab8.shared("hang", lab8.hang_and_dump, "--fault", "uneven-data", timeout_s=10)
+    return jobs.shared("hang", jobs.hang_and_dump, "--fault", "uneven-data", timeout_s=10)
 
 
 def detail():
-    return lab8.shared("detail", lab8.run_and_diagnose, "--fault", "rank-branch", pattern="Detected mismatch",
+    return jobs.shared("detail", jobs.run_and_diagnose, "--fault", "rank-branch", pattern="Detected mismatch",
                        env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "GLOO_SOCKET_IFNAME": "lo", "COURSE_TIMEOUT_S": 60})
 
 
 def crash():
-    return lab8.shared("crash", lab8.run_and_diagnose, "--fault", "oom", "--memory-limit-mib", "48",
+    return jobs.shared("crash", jobs.run_and_diagnose, "--fault", "oom", "--memory-limit-mib", "48",
                        pattern="Root Cause", plain_torchrun=True)
 
 
 def two_nodes():
-    return lab8.shared("two_nodes", lab8.two_nodes, "--replicas", "2", "--compare-flat", "--steps", "1")
+    return jobs.shared("two_nodes", jobs.two_nodes, "--replicas", "2", "--compare-flat", "--steps", "1")
 
 
 def node_fault():  # the notebook's opt-in cell (RUN_NODE_FAULT); one rank per node: a restart starts all again
-    return lab8.shared("node_fault", lab8.two_nodes, "--replicas", "2", "--ckpt-every", "2", "--kill-node-at-step", "5",
+    return jobs.shared("node_fault", jobs.two_nodes, "--replicas", "2", "--ckpt-every", "2", "--kill-node-at-step", "5",
                        "--ckpt-dir", "runs/lesson8/node-fault", nproc=1, env={"MAX_RESTARTS": 1})
 
 
 # --- without launching ------------------------------------------------------------------------
 
 def test_default_timeouts_read_from_torch():
-    gloo, nccl = lab8.default_timeouts()
+    gloo, nccl = jobs.default_timeouts()
     assert gloo["seconds"] == 1800 and nccl["seconds"] == 600
     assert "10 * 60 * 1000" in nccl["source"]
 
 
 def test_gpu_knobs_are_named_in_torch_source():
-    rows = {r["variable"].split("=")[0].split(" ")[0]: r for r in lab8.gpu_knobs({"TORCH_DISTRIBUTED_DEBUG": True})}
+    rows = {r["variable"].split("=")[0].split(" ")[0]: r for r in jobs.gpu_knobs({"TORCH_DISTRIBUTED_DEBUG": True})}
     assert "ProcessGroupNCCL.hpp" in rows["TORCH_NCCL_ASYNC_ERROR_HANDLING"]["named in torch 2.13"]
     assert "FlightRecorder.hpp" in rows["TORCH_FR_BUFFER_SIZE"]["named in torch 2.13"]
     assert rows["TORCH_DISTRIBUTED_DEBUG"]["verified here"].startswith("yes")
@@ -66,7 +66,7 @@ def test_gpu_knobs_are_named_in_torch_source():
 
 
 def test_nccl_error_handling_modes_read_from_the_header():
-    handling = lab8.nccl_error_handling_modes()
+    handling = jobs.nccl_error_handling_modes()
     assert handling["default"] == 3 and handling["modes"][3]["name"] == "SkipCleanUp"
     assert handling["modes"][3] == {"name": "SkipCleanUp", "aborts the NCCL communicators": False,
                                     "tears the process down": True}
@@ -75,10 +75,10 @@ def test_nccl_error_handling_modes_read_from_the_header():
 
 
 def test_gloo_socket_ifname_picks_the_interface():
-    bad, lo = lab8.gloo_interface_check(["no-such-nic0", "lo"])
+    bad, lo = jobs.gloo_interface_check(["no-such-nic0", "lo"])
     assert "Unable to find address for: no-such-nic0" in bad["result"], bad
     assert lo["result"].endswith("[3.0, 3.0]"), lo
-    rows = {r["variable"]: r for r in lab8.gpu_knobs({"GLOO_SOCKET_IFNAME": True})}
+    rows = {r["variable"]: r for r in jobs.gpu_knobs({"GLOO_SOCKET_IFNAME": True})}
     assert rows["GLOO_SOCKET_IFNAME"]["verified here"].startswith("yes")
     assert "2000 entries" in rows["TORCH_FR_BUFFER_SIZE (TORCH_NCCL_TRACE_BUFFER_SIZE)"]["what it does"]
 
@@ -158,7 +158,7 @@ def test_hang_stacks_name_the_waiting_lines_and_the_timeout_ends_it():
 def test_detail_names_the_rank_branch_mismatch():
     r = detail()
     assert r["returncode"] != 0 and r["line"]
-    own = lab8.own_collectives(r["output"])
+    own = jobs.own_collectives(r["output"])
     assert {rank: c["op"] for rank, c in own.items()} == {"0": "ALLREDUCE", "1": "_ALLGATHER_BASE"}
     assert own["0"]["sequence"] == own["1"]["sequence"]  # the same call, a different collective
     assert r["diagnosed_after_s"] < 10  # no timeout waited (COURSE_TIMEOUT_S=60)
@@ -277,17 +277,17 @@ def test_exercise_broken_job_fails_in_bounded_time():
 
 
 def test_background_returns_once_its_job_has_started():
-    """The notebook starts its slow jobs together with lab8.background: the call returns when the
+    """The notebook starts its slow jobs together with jobs.background: the call returns when the
     job's command is printed, not when the job ends; .result() then waits for it."""
     import os
     import time
     import uuid
 
     def slow_job():
-        return lab8.Job(["sleep", "3"], dict(os.environ)).wait(timeout=30)
+        return jobs.Job(["sleep", "3"], dict(os.environ)).wait(timeout=30)
 
     start = time.monotonic()
-    future = lab8.background(f"sleep-{uuid.uuid4().hex}", slow_job)
+    future = jobs.background(f"sleep-{uuid.uuid4().hex}", slow_job)
     assert time.monotonic() - start < 2.5 and not future.done()
     assert future.result() == 0
 

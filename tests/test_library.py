@@ -312,7 +312,7 @@ def test_a_variant_types_each_value_like_its_flag():
     import argparse
     from dataclasses import dataclass, field
 
-    from fsdp_course.config import describe, int_at_least, names_from, with_variant
+    from fsdp_course.config import describe, int_at_least, list_flag, with_variant
 
     class Wraps(tuple):
         def __new__(cls, text=()):
@@ -325,7 +325,7 @@ def test_a_variant_types_each_value_like_its_flag():
     @dataclass
     class Config:
         wrap: Wraps = Wraps(("none", "transformer"))
-        parts: tuple = field(default=("a", "b"), metadata={"parse": names_from(("a", "b"))})
+        parts: tuple = field(default=("a", "b"), metadata={"parse": list_flag("Parts", ("a", "b"))})
         model: str = field(default="gpt", metadata={"choices": ("gpt", "staged")})
         data: str | None = None
         steps: int = 3
@@ -350,13 +350,77 @@ def test_a_variant_types_each_value_like_its_flag():
 
     assert describe(Echoed()) == "parts=a,b no_sync=on,off"  # each list flag as it is typed
     for changes, said in [({"wrap": "blocks"}, "wrap=blocks: 'blocks': choose from none, transformer"),
-                          ({"parts": "c"}, "parts=c: c: choose from a, b"),
+                          ({"parts": "c"}, "parts=c: 'c': choose from a, b"),
                           ({"steps": "many"}, "steps=many: not a number"),
                           ({"keep": "0"}, "keep=0: must be at least 1, got 0"),  # its own parser
                           ({"model": "llama"}, "model=llama: choose from gpt, staged"),
                           ({"variants": "x"}, "no flag --variants in a variant")]:
         with pytest.raises(ValueError, match=re.escape(said)):
             with_variant(Config(), changes)
+
+
+def test_one_list_flag_type_reads_a_list_once():
+    """list_flag: every lesson's list flags are one kind of value, read where the config is read:
+    items folded, parsed, checked, kept in order; printed as typed; a bad item is one line naming
+    it; values already read (a default, dataclasses.asdict's copy) pass through untouched."""
+    import argparse
+    import dataclasses
+    from dataclasses import dataclass, field
+
+    from fsdp_course.config import describe, int_at_least, list_flag, parse_config
+
+    Names = list_flag("Names", ("full", "grad-op"), fold=str.lower)
+    Counts = list_flag("Counts", item=int_at_least(1), expected="whole numbers of 1 or more")
+    Sizes = list_flag("Sizes", item=int_at_least(2))  # no expected: the item's own message
+    Switches = list_flag("Switches", item=lambda w: {"on": True, "off": False}[w],
+                         expected="on, off", show=lambda v: "on" if v else "off")
+    assert Names(" FULL,grad-op ") == ("full", "grad-op") and str(Names("grad-op,full")) == "grad-op,full"
+    assert Counts("4, 1") == (4, 1) and Switches("off,on") == (False, True) and str(Switches("on")) == "on"
+    for kind, text, said in ((Names, "full,zero", "'zero': choose from full, grad-op"),
+                             (Names, " , ", "' , ': choose from"), (Counts, "0", "'0': whole numbers"),
+                             (Counts, "x", "'x': whole numbers"), (Switches, "yes", "'yes': on, off"),
+                             (Sizes, "1", "must be at least 2, got 1")):
+        with pytest.raises(argparse.ArgumentTypeError, match=re.escape(said)):
+            kind(text)
+
+    @dataclass
+    class Config:
+        names: Names = field(default=Names(("full",)), metadata={"parse": Names})
+        switches: Switches = field(default=Switches((True, False)), metadata={"parse": Switches})
+
+    cfg = parse_config(Config, argv=["--names", "grad-op,full"])
+    assert type(cfg.names) is Names and cfg.names == ("grad-op", "full")
+    assert describe(cfg) == "names=grad-op,full switches=on,off"
+    copy = dataclasses.asdict(cfg)  # a tuple type rebuilt from its items, not re-read from text
+    assert copy == {"names": ("grad-op", "full"), "switches": (True, False)}
+
+
+def test_plan_runs_labels_the_command_line_and_each_variant():
+    from dataclasses import dataclass, field
+
+    from fsdp_course.config import parse_config, parse_variants, plan_runs
+
+    @dataclass
+    class Config:
+        steps: int = 3
+        mixed: bool = False
+        data: str | None = None
+        variants: tuple | None = field(default=None, metadata={"parse": parse_variants})
+        metrics: str | None = None
+
+    cfg = parse_config(Config, argv=["--variants", "mixed=true;steps=5,data=x.txt"])
+    plan = plan_runs(cfg)
+    assert [label for _, label in plan] == [None, "(mixed=true)", "(steps=5,data=x.txt)"]
+    assert plan[0][0] is cfg and (plan[1][0].mixed, plan[2][0].steps, plan[2][0].data) == (True, 5, "x.txt")
+    assert all(config.variants is None for config, _ in plan[1:])
+    assert [c.steps for c, _ in plan_runs(cfg, with_base=False)] == [3, 5]  # the variants only
+    assert plan_runs(Config(), with_base=False) == [(Config(), None)]  # no variants: the command line
+    assert plan_runs(parse_config(Config, argv=["--variants", "data=none"]))[1][0].data is None
+    for text, said in (("warp=1", "--variants: no flag --warp"),
+                       ("data=x.txt", "--variants: no flag --data in a variant"),
+                       ("mixed=maybe", "mixed=maybe: write true or false")):
+        with pytest.raises(course_dist.CourseError, match=re.escape(said)):
+            plan_runs(parse_config(Config, argv=["--variants", text]), fixed=("variants", "metrics", "data"))
 
 
 def test_metric_logger_prints_a_dash_for_what_a_step_did_not_measure(capsys):

@@ -41,15 +41,14 @@ from fsdp_course.measure import (MiB, CommCounter, GatheredParamTracker, activat
                                  flat_state_bytes)
 from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import MetricLogger, unwatched_ms, write_metrics
-from strategy_report import (decay_groups, describe_parameters, hybrid_groups, parse_strategies,
-                             print_report, refused_run, replica_spread, run_label, shard_layout,
-                             variant_configs)
+from runs import (Strategies, decay_groups, describe_parameters, hybrid_groups, plan, print_report,
+                  refused_run, replica_spread, shard_layout)
 
 
 @dataclass
 class Config(TrainConfig):
-    strategy: str = field(default="FULL_SHARD", metadata={
-        "help": f"one of {', '.join(theory.STRATEGIES)}, or several separated by commas"})
+    strategy: Strategies = field(default=Strategies(("FULL_SHARD",)), metadata={
+        "parse": Strategies, "help": f"one of {', '.join(theory.STRATEGIES)}, or several separated by commas"})
     replicas: int = field(default=2, metadata={"help": "HYBRID_SHARD: replica groups (mesh rows)"})
     mesh: bool = field(default=True, metadata={
         "help": "HYBRID_SHARD: pass a device mesh; --no-mesh lets FSDP build its groups per node"})
@@ -64,7 +63,7 @@ class Config(TrainConfig):
         "help": "more runs after the --strategy ones, each with these flags changed"})
 
 
-def train(cfg: Config, strategy: str, env, data) -> dict:
+def train(cfg: Config, strategy: str, label: str, env, data) -> dict:
     """Wrap a fresh model with ``strategy``, train it, return what was measured."""
     mesh = None
     if strategy == "HYBRID_SHARD" and cfg.mesh:
@@ -99,7 +98,7 @@ def train(cfg: Config, strategy: str, env, data) -> dict:
             raise
         # torch checks the module's device before it broadcasts anything, on every rank alike:
         # no collective is left half-done, so the launch goes on with its next run.
-        return refused_run(env, cfg, strategy, exc)
+        return refused_run(env, strategy, label, exc)
 
     ran = model.sharding_strategy.name  # what FSDP runs, which a group of one rank changes
 
@@ -107,7 +106,7 @@ def train(cfg: Config, strategy: str, env, data) -> dict:
     optimizer = torch.optim.AdamW(decay_groups(model), lr=cfg.lr)
 
     # --- loop ---------------------------------------------------------------------------------
-    env.print0(f"\n== {run_label(cfg, strategy)} ==")
+    env.print0(f"\n== {label} ==")
     logger = MetricLogger(env, cfg.log_every)
     watched = min(1, cfg.steps - 1)  # after step 0, so that Adam's state exists when counted
     for step in range(cfg.steps):
@@ -151,7 +150,7 @@ def train(cfg: Config, strategy: str, env, data) -> dict:
     print_report(env, watched, measured, expected, collectives, comm_expected, 4 * sum(unit_numels),
                  norms, factors, groups)
     return {
-        "strategy": strategy, "label": run_label(cfg, strategy), "d_model": cfg.d_model,
+        "strategy": strategy, "label": label, "d_model": cfg.d_model,
         "mixed_precision": cfg.mixed_precision, "sync_module_states": cfg.sync_module_states,
         "use_orig_params": cfg.use_orig_params, "replicas": cfg.replicas, "mesh": cfg.mesh,
         "ran_as": ran, "groups": groups,
@@ -187,16 +186,15 @@ def main() -> None:
     cfg = parse_config(Config, __doc__)
     with distributed(seed=cfg.seed) as env:
         # --- setup ---------------------------------------------------------------------------
-        strategies = parse_strategies(cfg.strategy, env.world_size, cfg.replicas, cfg.mesh)
-        variants = variant_configs(cfg, env.world_size)  # checked before anything runs
+        planned = plan(cfg, env.world_size)  # (config, strategy, label, variant): all checked first
         env.print0(f"lesson 1 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
-        if "NO_SHARD" in strategies + [s for _, s in variants]:  # torch warns at every unit: say it once
+        if any(strategy == "NO_SHARD" for _, strategy, _, _ in planned):  # torch warns at every unit: once
             warnings.filterwarnings("ignore", message="The `NO_SHARD` sharding strategy is deprecated")
             env.print0("note: torch 2.13 deprecates NO_SHARD (FutureWarning: use DistributedDataParallel)")
         data = load_data(cfg.data, seed=cfg.seed)
 
-        runs = [train(cfg, strategy, env, data) for strategy in strategies]
-        more = [train(variant, strategy, env, data) for variant, strategy in variants]
+        runs = [train(c, strategy, label, env, data) for c, strategy, label, variant in planned if not variant]
+        more = [train(c, strategy, label, env, data) for c, strategy, label, variant in planned if variant]
 
         if env.device.type == "cuda":
             runs[-1]["cuda_max_allocated"] = torch.cuda.max_memory_allocated(env.device)

@@ -42,7 +42,7 @@ from fsdp_course.dist import distributed, mean_over_ranks
 from fsdp_course.measure import MiB, CommCounter, GatheredParamTracker, activation_bytes, state_bytes
 from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import MetricLogger, write_metrics
-from lesson2_plumbing import (Prefetches, Wraps, load_policy, print_report, print_units, run_plan,
+from runs import (Prefetches, Wraps, load_policy, print_report, print_units, run_plan,
                               step_time)
 from staged_lm import staged_lm
 from timeline import StepTimeline

@@ -35,7 +35,7 @@ from fsdp_course.measure import MiB, CommCounter, state_bytes
 from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import MetricLogger, unwatched_ms, write_metrics
 import accumulation  # this lesson's measurements: bytes held, the one-big-batch reference
-from lesson3_plumbing import (VARIANTS_HELP, Apis, Bugs, Counts, Sizes, Switches, planned_runs,
+from runs import (VARIANTS_HELP, Apis, Bugs, Counts, Sizes, Switches, planned_runs,
                               print_check, print_header, print_summary)
 
 

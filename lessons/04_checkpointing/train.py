@@ -35,10 +35,10 @@ from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
 import pitfalls  # lesson 4's own modules, next to this script (each docstring says what it holds)
-import plumbing
+import runs
 import state_dicts
 from fsdp_course import checkpoint as ckpt
-from fsdp_course.config import TrainConfig, describe, int_at_least, list_help, names_from, parse_config
+from fsdp_course.config import TrainConfig, describe, int_at_least, list_flag, list_help, parse_config
 from fsdp_course.data import load_data
 from fsdp_course.dist import distributed, mean_over_ranks, say
 from fsdp_course.measure import MiB, CommCounter, state_bytes
@@ -63,7 +63,7 @@ class Config(TrainConfig):
     reload: bool = field(default=False, metadata={"help": "after --save, load it into a fresh model (another init and RNG) and compare"})
     load: str | None = field(default=None, metadata={"help": "load this DCP checkpoint first (any world size)"})
     ckpt_module: str | None = field(default=None, metadata={"help": "a .py file with save(path, model, optimizer) and load(path, model, optimizer) for --save/--load"})
-    demo: tuple[str, ...] = field(default=(), metadata={"parse": names_from(plumbing.DEMOS), "help": list_help("after training", plumbing.DEMOS)})
+    demo: tuple[str, ...] = field(default=(), metadata={"parse": list_flag("Demos", runs.DEMOS), "help": list_help("after training", runs.DEMOS)})
     bug: str | None = field(default=None, metadata={"choices": ("rank0-only", "offload-cpu"), "help": "rank0-only: state_dict() on rank 0 only; offload-cpu: offload_to_cpu=True on CPU ranks"})
 
 
@@ -118,8 +118,8 @@ def main() -> None:
         # --- setup -------------------------------------------------------------------------
         ckpt.quiet_state_dict_warnings()  # repeated on every call; --demo types shows one, explained
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        periodic = plumbing.periodic_checkpoints(cfg)  # and the flags that need it, checked
-        save_fn, load_fn = plumbing.checkpoint_functions(cfg, save_checkpoint, load_checkpoint, env)
+        periodic = runs.periodic_checkpoints(cfg)  # and the flags that need it, checked
+        save_fn, load_fn = runs.checkpoint_functions(cfg, save_checkpoint, load_checkpoint, env)
         env.print0(f"lesson 4 | {env.world_size} ranks | {env.backend} | attempt {restart} | {describe(cfg)}")
         data = load_data(cfg.data, seed=cfg.seed)
         root = Path(cfg.ckpt_dir)
@@ -129,11 +129,11 @@ def main() -> None:
         # --- checkpoint: where does this run start? ------------------------------------------
         start = 0
         if cfg.load:
-            step, results["load_ms"] = plumbing.timed(load_fn, cfg.load, model, optimizer)
+            step, results["load_ms"] = runs.timed(load_fn, cfg.load, model, optimizer)
             start = step if isinstance(step, int) else cfg.steps  # a learner's load may not say
-            results["loaded"], results["equal_to_saved"] = plumbing.against_saved(cfg.load, model, optimizer, env)
+            results["loaded"], results["equal_to_saved"] = runs.against_saved(cfg.load, model, optimizer, env)
         elif periodic and (restart > 0 or cfg.resume):  # the newest published one; .tmp-* never
-            start, resumed = plumbing.resume_newest(root, load_checkpoint, model, optimizer, env)
+            start, resumed = runs.resume_newest(root, load_checkpoint, model, optimizer, env)
             results.update(resumed)
         elif periodic and env.is_rank0:  # a fresh run: old checkpoints would be resumed by mistake
             for old in ckpt.published(root) + ckpt.partial(root):
@@ -147,12 +147,12 @@ def main() -> None:
                 say(f"[rank {env.rank}] simulated crash at step {step}: SIGKILL", sys.stdout)
                 os.kill(os.getpid(), signal.SIGKILL)
             with CommCounter() as comm:
-                (loss, held), ms = plumbing.timed(train_step, model, optimizer, data, env, cfg, step)
+                (loss, held), ms = runs.timed(train_step, model, optimizer, data, env, cfg, step)
             logger.log(step, loss, ms, held / MiB, comm.total_bytes / MiB, last=step == cfg.steps - 1)
             if periodic and (step + 1) % cfg.ckpt_every == 0:
                 crash = victim and cfg.crash_in == "save" and step + 1 >= cfg.crash_at_step
                 path = ckpt.step_dir(root, step + 1)
-                _, ms = plumbing.timed(save_checkpoint, path, model, optimizer, step + 1, env, crash)
+                _, ms = runs.timed(save_checkpoint, path, model, optimizer, step + 1, env, crash)
                 results["saves"].append({"step": step + 1, "ms": ms, "files": ckpt.list_files(path)})
                 if env.is_rank0:
                     ckpt.prune(root, cfg.keep)
@@ -178,7 +178,7 @@ def main() -> None:
             if "rng" in cfg.demo:
                 results["rng"] = pitfalls.rng_dedup(model, optimizer, env, root / "rng", save_fn, load_fn, build_copy)
         if cfg.save:  # then --reload: into a fresh model, compared bitwise, RNG included
-            results.update(plumbing.save_and_reload(cfg, save_fn, load_fn, model, optimizer, build_copy, env))
+            results.update(runs.save_and_reload(cfg, save_fn, load_fn, model, optimizer, build_copy, env))
 
         # --- report: the run against a restored copy and an uninterrupted one -----------------
         if periodic:

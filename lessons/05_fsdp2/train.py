@@ -18,15 +18,15 @@ import copy
 import functools
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-import fsdp2_runs as runs  # this lesson's plumbing: variants, checks, tables
-from fsdp_course.config import TrainConfig, describe, parse_config
+import runs  # this lesson's runs: variants, checks, tables
+from fsdp_course.config import TrainConfig, describe, flag, parse_config, parse_variants
 from fsdp_course.data import load_data
 from fsdp_course.dist import distributed, mean_over_ranks
 from fsdp_course.learner import load_learner
@@ -34,10 +34,6 @@ from fsdp_course.measure import MiB
 from fsdp_course.measure_fsdp2 import GroupCommCounter, MemoryProbe, resharding
 from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import MetricLogger, write_metrics
-
-
-def flag(default, help: str, choices=None, **more):
-    return field(default=default, metadata={"help": help, "choices": choices, **more})
 
 
 @dataclass
@@ -57,7 +53,8 @@ class Config(TrainConfig):
     compile_backend: str = flag("inductor", "torch.compile backend (inductor: C++ on CPU, slow to compile)")
     bug: str | None = flag(None, "reproduce a pitfall", runs.BUGS)
     shard_module: str | None = flag(None, "a .py file defining shard(model, mesh), called instead of fully_shard")
-    variants: str | None = flag(None, "several runs in one launch: 'api=classic;prefetch=2,mixed-precision=true'")
+    variants: tuple | None = flag(None, "several runs in one launch: 'api=classic;prefetch=2,mixed-precision=true'",
+                                  parse=parse_variants, metavar="'FLAG=V,FLAG=V;...'")
 
 
 def build_fsdp2(cfg, env, mesh, model_cfg, shard_fn=None):

@@ -7,7 +7,6 @@ rank to rank. Each variant is trained with FSDP2 and compared with that single-p
 
 from __future__ import annotations
 
-import argparse
 import warnings
 
 import torch
@@ -20,6 +19,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from fsdp_course.config import int_at_least, list_flag
 from fsdp_course.dist import mean_over_ranks
 from fsdp_course.measure import local_tensor
 from fsdp_course.report import table
@@ -32,15 +32,8 @@ NORM_OF = {"batchnorm": "batchnorm", "ddp": "batchnorm", "syncbn": "batchnorm", 
            "layernorm": "layernorm", "groupnorm": "groupnorm"}
 
 
-def parse_sizes(text: str) -> tuple[int, ...]:
-    """--bn-batch-sizes "2,8,32" -> (2, 8, 32); each at least 2."""
-    try:
-        sizes = tuple(int(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text}: comma-separated whole numbers, e.g. 2,8,32") from None
-    if any(s < 2 for s in sizes):  # BatchNorm in training needs 2 samples to have a variance
-        raise argparse.ArgumentTypeError(f"{text}: each size must be 2 or more")
-    return sizes
+# --bn-batch-sizes "2,8,32" -> (2, 8, 32): BatchNorm in training needs 2 samples to have a variance
+BatchSizes = list_flag("BatchSizes", item=int_at_least(2))
 
 
 def running_stats(model: nn.Module) -> dict:

@@ -24,6 +24,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from detect import DtypeProbe
+from fsdp_course.config import list_flag
 from fsdp_course.dist import mean_over_ranks
 from fsdp_course.measure import CommCounter, local_tensor
 from fsdp_course.report import table
@@ -70,12 +71,13 @@ def parse_spec(text: str) -> Spec:
                 DTYPES[names[2]] if len(names) == 3 else None, tuple(mods))
 
 
-def parse_specs(text: str) -> tuple[str, ...]:
-    """--precision "a,b" -> ("a", "b"), each checked (the config keeps the names; main builds Specs)."""
-    labels = tuple(item.strip() for item in text.split(",") if item.strip())
-    for label in labels:
-        parse_spec(label)
-    return labels
+def _checked(label: str) -> str:
+    parse_spec(label)
+    return label
+
+
+# --precision "a,b" -> ("a", "b"), each checked (the config keeps the names; main builds Specs)
+Specs = list_flag("Specs", item=_checked, fold=None)
 
 
 def build(spec: Spec, cfg, env) -> nn.Module:

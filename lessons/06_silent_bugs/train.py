@@ -22,8 +22,8 @@ from pathlib import Path
 import part_batchnorm
 import part_init
 import part_precision
-import exercise_run
-from fsdp_course.config import TrainConfig, describe, list_help, names_from, parse_config
+import exercise
+from fsdp_course.config import TrainConfig, describe, list_flag, list_help, parse_config
 from fsdp_course.data import load_data
 from fsdp_course.dist import CourseError, distributed
 from fsdp_course.learner import load_learner
@@ -45,17 +45,17 @@ class Config(TrainConfig):
     seq_len: int = field(default=32, metadata={"help": "part A's tokens per sequence"})
     log_every: int = field(default=100, metadata={"help": "print a metric line every N steps"})
     parts: tuple = field(default=PARTS, metadata={
-        "parse": names_from(PARTS), "help": list_help("parts to run", PARTS)})
+        "parse": list_flag("Parts", PARTS), "help": list_help("parts to run", PARTS)})
     init: tuple = field(default=part_init.INIT_VARIANTS, metadata={
-        "parse": names_from(part_init.INIT_VARIANTS), "help": list_help("part A variants", part_init.INIT_VARIANTS)})
+        "parse": list_flag("Inits", part_init.INIT_VARIANTS), "help": list_help("part A variants", part_init.INIT_VARIANTS)})
     bn: tuple = field(default=part_batchnorm.BN_VARIANTS, metadata={
-        "parse": names_from(part_batchnorm.BN_VARIANTS), "help": list_help("part B variants", part_batchnorm.BN_VARIANTS)})
+        "parse": list_flag("Norms", part_batchnorm.BN_VARIANTS), "help": list_help("part B variants", part_batchnorm.BN_VARIANTS)})
     bn_batch: int = field(default=8, metadata={"help": "part B: samples per rank per step"})
     bn_batch_sizes: tuple = field(default=(2, 4, 8, 16, 32), metadata={
-        "parse": part_batchnorm.parse_sizes,
+        "parse": part_batchnorm.BatchSizes,
         "help": "part B: per-rank batch sizes of the error sweep (one plain-BatchNorm step each)"})
     precision: tuple = field(default=part_precision.DEFAULT_SPECS, metadata={
-        "parse": part_precision.parse_specs,
+        "parse": part_precision.Specs,
         "help": "part C: comma-separated API:PARAM/REDUCE[/BUFFER][+MOD...], API fsdp2|classic, "
                 "dtypes fp32|bf16|fp16, BUFFER classic only, MOD scaler|nocast|unit "
                 "(a GradScaler; features not cast: the dtype-mismatch bug; the MLP its own unit)"})
@@ -98,7 +98,7 @@ def main() -> None:
         if specs:  # --- C: mixed precision ------------------------------------------------------
             results["precision"] = part_precision.run_all(specs, cfg, env)
         if loop is not None:  # --- the exercise ---------------------------------------------------
-            results["exercise"] = exercise_run.run(loop, cfg, env)
+            results["exercise"] = exercise.run(loop, cfg, env)
 
         # --- report ----------------------------------------------------------------------------
         write_metrics(cfg.metrics, "lesson6", env, cfg, [], results)

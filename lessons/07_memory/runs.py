@@ -1,4 +1,4 @@
-"""Lesson 7's plumbing: variants, the planner's prediction for each, outcomes and tables.
+"""Lesson 7's runs: variants, the planner's prediction for each, outcomes and tables.
 
 Nothing here is what the lesson teaches (that is in ``train.py``'s ``shard()`` and in
 ``fsdp_course.theory.memory``); it turns flags into runs and runs into rows.
@@ -10,7 +10,7 @@ import dataclasses
 
 import torch.distributed as dist
 
-from fsdp_course.config import with_variant
+from fsdp_course.config import plan_runs
 from fsdp_course.measure import MiB
 from fsdp_course.theory import memory
 
@@ -69,8 +69,9 @@ def limit_verdict(cfg, prediction: dict) -> str:
 
 def expand(cfg, world_size: int) -> list:
     """One config per variant (each the command line's config with its changes), or just
-    ``cfg``; each checked: ValueError with one sentence if a variant makes no sense."""
-    variants = [with_variant(cfg, changes) for changes in cfg.variants or [{}]]
+    ``cfg``; each checked: a CourseError for a flag a variant cannot set, ValueError with one
+    sentence if a variant makes no sense."""
+    variants = [config for config, _ in plan_runs(cfg, with_base=False)]
     for v in variants:
         memory.checkpointed_blocks(v.n_layers, v.activation_checkpointing)  # ValueError if bad
         if v.api == "fsdp2" and v.strategy == "NO_SHARD":

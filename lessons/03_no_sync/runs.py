@@ -1,17 +1,16 @@
-"""What lesson 3's script needs and is not about: its list flags (parsed once, by the config),
-the runs they and ``--variants`` ask for, loading a learner's loop file, and the tables it prints.
+"""Lesson 3's runs (what the lesson is not about): its list flags, the runs they and
+``--variants`` plan, and the tables it prints.
 
-A list flag is a type argparse calls on the text: ``--accum 1,2,4`` arrives in the config as
+A list flag is read once, where the config is read: ``--accum 1,2,4`` arrives in the config as
 ``Counts((1, 2, 4))``, already checked; a bad value is argparse's one-line error (exit 2).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 
-from fsdp_course.config import with_variant
+from fsdp_course.config import int_at_least, list_flag, plan_runs
 from fsdp_course.dist import CourseError
 from fsdp_course.measure import MiB
 from fsdp_course.report import table
@@ -25,59 +24,12 @@ VARIANTS_HELP = ("more runs after the list flags' combinations, ';' between them
                  f"with some of {', '.join(f.replace('_', '-') for f in VARIANT_FLAGS)} set to one value")
 
 
-class _List(tuple):
-    """Comma-separated values, each parsed by ``item`` (subclasses), kept in order."""
-
-    def __new__(cls, text=()):
-        if not isinstance(text, str):  # values already parsed (dataclasses.asdict copies them)
-            return super().__new__(cls, text)
-        try:
-            values = tuple(cls.item(v.strip().lower()) for v in text.split(",") if v.strip())
-        except (KeyError, ValueError):
-            values = ()
-        if not values:
-            raise argparse.ArgumentTypeError(f"{text!r}: {cls.expected}")
-        return super().__new__(cls, values)
-
-    def __str__(self) -> str:
-        return ",".join(map(self.show, self))
-
-    show = str
-
-
-def _at_least(low: int):
-    """An item parser: a whole number of ``low`` or more (ValueError otherwise)."""
-    def parse(text: str) -> int:
-        if int(text) < low:
-            raise ValueError(text)
-        return int(text)
-    return parse
-
-
-class Counts(_List):
-    expected = "whole numbers of 1 or more, e.g. 4 or 1,2,4,8"
-    item = staticmethod(_at_least(1))
-
-
-class Sizes(_List):
-    expected = "whole numbers of 0 or more, e.g. 1 or 0,1"
-    item = staticmethod(_at_least(0))
-
-
-class Switches(_List):
-    expected = "on, off, or on,off"
-    item = staticmethod(lambda text: {"on": True, "off": False}[text])
-    show = staticmethod(lambda value: "on" if value else "off")
-
-
-class Apis(_List):
-    expected = f"{', '.join(APIS)}, or both separated by a comma"
-    item = staticmethod(lambda text: APIS[APIS.index(text)])
-
-
-class Bugs(_List):
-    expected = f"{', '.join(BUGS)}, or both separated by a comma"
-    item = staticmethod(lambda text: BUGS[BUGS.index(text)])
+Counts = list_flag("Counts", item=int_at_least(1), expected="whole numbers of 1 or more, e.g. 4 or 1,2,4,8")
+Sizes = list_flag("Sizes", item=int_at_least(0), expected="whole numbers of 0 or more, e.g. 1 or 0,1")
+Switches = list_flag("Switches", item=lambda text: {"on": True, "off": False}[text],
+                     expected="on, off, or on,off", show=lambda value: "on" if value else "off")
+Apis = list_flag("Apis", APIS, expected=f"{', '.join(APIS)}, or both separated by a comma")
+Bugs = list_flag("Bugs", BUGS, expected=f"{', '.join(BUGS)}, or both separated by a comma")
 
 
 def check_flags(cfg) -> None:
@@ -95,16 +47,12 @@ def planned_runs(cfg) -> list[tuple]:
     checked before anything runs: CourseError, one line, for a bad variant or combination."""
     fixed = tuple(f.name for f in dataclasses.fields(cfg) if f.name not in VARIANT_FLAGS)
     runs = []
-    for changes in (None, *(cfg.variants or ())):
-        try:
-            config = cfg if changes is None else with_variant(cfg, changes, fixed)
-        except ValueError as exc:  # already names the variant's flag
-            raise CourseError(str(exc)) from None
+    for config, variant in plan_runs(cfg, fixed):  # a bad variant: already one line naming its flag
         try:
             check_flags(config)
             runs += [(config, *run) for run in combinations(config)]
         except CourseError as exc:
-            raise CourseError(str(exc) if changes is None else f"--variants {changes}: {exc}") from None
+            raise CourseError(str(exc) if variant is None else f"--variants {variant}: {exc}") from None
     return runs
 
 

@@ -1,17 +1,14 @@
-"""What lesson 2's script needs and is not about: its list flags (parsed once, by the config),
-the runs its flags and ``--variants`` ask for, loading a policy file, the time per step, and the
-tables it prints.
+"""Lesson 2's runs (what the lesson is not about): its list flags, the runs they and
+``--variants`` plan, loading a policy file, the time per step, and the tables it prints.
 
-A list flag is a type argparse calls on the text: ``--wrap none,size:20000`` arrives in the
+A list flag is read once, where the config is read: ``--wrap none,size:20000`` arrives in the
 config as ``Wraps(("none", "size:20000"))``, already checked; a bad value is argparse's one-line
 error (exit 2).
 """
 
 from __future__ import annotations
 
-import argparse
-
-from fsdp_course.config import with_variant
+from fsdp_course.config import list_flag, plan_runs
 from fsdp_course.dist import CourseError
 from fsdp_course.learner import load_learner
 from fsdp_course.measure import MiB
@@ -21,37 +18,16 @@ WRAPS = ("none", "transformer", "size", "custom")  # size:N = size with threshol
 PREFETCHES = ("pre", "post", "none", "forward", "no-limit")
 
 
-class _Names(tuple):
-    """Comma-separated names, each checked by ``check`` (subclasses), kept in order."""
-
-    def __new__(cls, text=()):
-        if not isinstance(text, str):  # names already checked (dataclasses.asdict copies them)
-            return super().__new__(cls, text)
-        names = tuple(item.strip().lower() for item in text.split(",") if item.strip())
-        bad = [name for name in names if not cls.check(name)] or ([] if names else [text])
-        if bad:
-            raise argparse.ArgumentTypeError(f"{bad[0]!r}: {cls.expected}")
-        return super().__new__(cls, names)
-
-    def __str__(self) -> str:
-        return ",".join(self)
+def _wrap(name: str) -> str:
+    kind, colon, threshold = name.partition(":")
+    if kind not in WRAPS or (colon and not (kind == "size" and threshold.isdigit())):
+        raise ValueError(name)
+    return name
 
 
-class Wraps(_Names):
-    expected = f"choose from {', '.join(WRAPS)} or size:N, several separated by commas"
-
-    @staticmethod
-    def check(name: str) -> bool:
-        kind, colon, threshold = name.partition(":")
-        return kind in WRAPS and (not colon or (kind == "size" and threshold.isdigit()))
-
-
-class Prefetches(_Names):
-    expected = f"choose from {', '.join(PREFETCHES)}, several separated by commas"
-
-    @staticmethod
-    def check(name: str) -> bool:
-        return name in PREFETCHES
+Wraps = list_flag("Wraps", item=_wrap,
+                  expected=f"choose from {', '.join(WRAPS)} or size:N, several separated by commas")
+Prefetches = list_flag("Prefetches", PREFETCHES)
 
 
 def run_plan(cfg) -> list[tuple]:
@@ -60,13 +36,7 @@ def run_plan(cfg) -> list[tuple]:
     flags changed (each typed like its flag: ``wrap=transformer,prefetch=post,timeline=true``).
     A variant cannot change what the launch loads once (--policy-file, --data). A variant that
     makes no sense is a CourseError (one line, exit 2) before anything runs."""
-    configs = [(cfg, None)]
-    for changes in cfg.variants or ():
-        try:
-            variant = with_variant(cfg, changes, fixed=("variants", "metrics", "policy_file", "data"))
-        except ValueError as exc:
-            raise CourseError(str(exc)) from None
-        configs.append((variant, str(changes)))
+    configs = plan_runs(cfg, fixed=("variants", "metrics", "policy_file", "data"))
     return [(config, wrap, prefetch, variant) for config, variant in configs
             for wrap in config.wrap for prefetch in config.prefetch]
 

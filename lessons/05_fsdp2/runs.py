@@ -1,4 +1,4 @@
-"""Lesson 5's plumbing (what the lesson is not about): flags into runs, the checks that catch
+"""Lesson 5's runs (what the lesson is not about): flags into runs, the checks that catch
 the pitfalls, each run's summary, and the tables the script prints.
 
 The FSDP2 calls themselves are in ``train.py``; the measurements in
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from fsdp_course.config import build_parser
+from fsdp_course.config import plan_runs
 from fsdp_course.dist import CourseError
 from fsdp_course.measure import MiB, local_tensor
 from fsdp_course.measure_fsdp2 import SUM_KEYS, causal_mask_errors, dtensor_rows
@@ -60,47 +60,12 @@ def parse_reshard(text) -> bool | int | None:
     raise argparse.ArgumentTypeError(f"default, true, false or a group size >= 1, not {text!r}")
 
 
-def expand_variants(cfg, spec: str | None) -> list:
-    """``--variants "api=classic;prefetch=2,mixed-precision=true"`` -> one config per variant,
-    each the command line's config with those fields replaced (``;`` between variants, ``,``
-    between fields). Each value is read by the same parser argparse uses for its flag."""
-    if not spec:
-        return [cfg]
-    actions = {a.dest: a for a in build_parser(type(cfg))._actions}
-    variants = []
-    for part in filter(None, (p.strip() for p in spec.split(";"))):
-        changes = {}
-        for item in filter(None, (i.strip() for i in part.split(","))):
-            key, sep, value = item.partition("=")
-            name, value = key.strip().lstrip("-").replace("-", "_"), value.strip()
-            if not sep or name not in actions or name in ("variants", "metrics", "help"):
-                raise ValueError(f"--variants: cannot read {item!r} (write flag=value, e.g. prefetch=2)")
-            changes[name] = _read(actions[name], value, item)
-        variants.append(dataclasses.replace(cfg, **changes))
-    return variants
-
-
-def _read(action, value: str, item: str):
-    if isinstance(action, argparse.BooleanOptionalAction):
-        if value.lower() not in ("true", "false"):
-            raise ValueError(f"--variants: {item!r}: true or false")
-        return value.lower() == "true"
-    if value.lower() == "none" and action.default is None and action.type is str:
-        return None
-    try:
-        parsed = action.type(value) if action.type else value
-    except (argparse.ArgumentTypeError, ValueError) as exc:
-        raise ValueError(f"--variants: {item!r}: {exc}") from None
-    if action.choices and parsed not in action.choices:
-        raise ValueError(f"--variants: {item!r}: choose from {', '.join(map(str, action.choices))}")
-    return parsed
-
-
 def checked_variants(cfg, world_size: int) -> list:
-    """``expand_variants``, each one ``validate``-d; a CourseError (one line for the learner,
-    exit 2) for flags that mean nothing."""
+    """The configs of the launch's runs: each ``--variants`` entry (the command line's config
+    with its flags changed, each typed like its flag), or the command line's alone; each one
+    ``validate``-d. A CourseError (one line for the learner, exit 2) for flags that mean nothing."""
+    variants = [config for config, _ in plan_runs(cfg, with_base=False)]
     try:
-        variants = expand_variants(cfg, cfg.variants)
         for variant in variants:
             validate(variant, world_size)
     except ValueError as exc:

@@ -1,5 +1,6 @@
-"""Lesson 1's plumbing (what the lesson is not about): the --strategy and --variants lists, the
-optimizer's parameter groups, where each rank's shards lie, and the tables rank 0 prints."""
+"""Lesson 1's runs (what the lesson is not about): the --strategy list and the runs it and
+--variants plan, the optimizer's parameter groups, where each rank's shards lie, and the tables
+rank 0 prints."""
 
 from __future__ import annotations
 
@@ -8,38 +9,32 @@ import torch
 import torch.distributed as dist
 
 from fsdp_course import theory
-from fsdp_course.config import with_variant
+from fsdp_course.config import list_flag, plan_runs
 from fsdp_course.dist import CourseError
 from fsdp_course.measure import MiB, fsdp_flat_params
 from fsdp_course.report import table
 
 WEIGHT_DECAY = 0.01  # AdamW's default, kept for the weight matrices
 
-
-def parse_strategies(text: str, world_size: int, replicas: int, mesh: bool = True) -> list[str]:
-    """``--strategy FULL_SHARD,NO_SHARD`` -> ["FULL_SHARD", "NO_SHARD"]; bad input is one line.
-    ``--replicas`` shapes HYBRID_SHARD's mesh; without a mesh FSDP picks the groups itself."""
-    strategies = [s.strip().upper() for s in text.split(",") if s.strip()]
-    for strategy in strategies:
-        if strategy not in theory.STRATEGIES:
-            raise CourseError(f"--strategy {strategy}: choose from {', '.join(theory.STRATEGIES)}")
-        if strategy == "HYBRID_SHARD" and mesh and (world_size % replicas or world_size == replicas):
-            raise CourseError(f"HYBRID_SHARD: {world_size} ranks do not split into "
-                              f"--replicas {replicas} groups of 2 or more (try NPROC=4)")
-    return strategies
+# --strategy FULL_SHARD,no_shard -> Strategies(("FULL_SHARD", "NO_SHARD")), checked where the
+# config is read: a name that is no strategy is argparse's one line (exit 2).
+Strategies = list_flag("Strategies", theory.STRATEGIES, fold=str.upper)
 
 
-def variant_configs(cfg, world_size: int) -> list[tuple]:
-    """(config, strategy) for each run ``--variants`` adds: the command line's config with the
-    variant's flags changed (each typed like its flag), once per strategy it names."""
+def plan(cfg, world_size: int) -> list[tuple]:
+    """(config, strategy, label, variant) of every run, in order: each --strategy on the command
+    line's config (variant None), then the same for each ``--variants`` entry (the command
+    line's config with the entry's flags changed, each typed like its flag). ``--replicas``
+    shapes HYBRID_SHARD's mesh; without a mesh FSDP picks the groups itself. All checked before
+    anything runs: a CourseError, one line."""
     runs = []
-    for changes in cfg.variants or ():
-        try:
-            variant = with_variant(cfg, changes)
-        except ValueError as exc:
-            raise CourseError(str(exc)) from None
-        runs += [(variant, s) for s in parse_strategies(variant.strategy, world_size, variant.replicas,
-                                                        variant.mesh)]
+    for config, variant in plan_runs(cfg):
+        for strategy in config.strategy:
+            if strategy == "HYBRID_SHARD" and config.mesh and (
+                    world_size % config.replicas or world_size == config.replicas):
+                raise CourseError(f"HYBRID_SHARD: {world_size} ranks do not split into "
+                                  f"--replicas {config.replicas} groups of 2 or more (try NPROC=4)")
+            runs.append((config, strategy, run_label(config, strategy), variant))
     return runs
 
 
@@ -51,12 +46,12 @@ def run_label(cfg, strategy: str) -> str:
     return " + ".join([strategy] + [name for name, on in options if on])
 
 
-def refused_run(env, cfg, strategy: str, exc: Exception) -> dict:
+def refused_run(env, strategy: str, label: str, exc: Exception) -> dict:
     """A run torch refused to wrap (sync_module_states on CPU ranks): its message, nothing trained."""
     message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
-    env.print0(f"\n== {run_label(cfg, strategy)} ==\ntorch refused to wrap the model: {message}")
-    return {"strategy": strategy, "label": run_label(cfg, strategy), "sync_module_states": True,
-            "refused": message, "history": []}
+    env.print0(f"\n== {label} ==\ntorch refused to wrap the model: {message}")
+    return {"strategy": strategy, "label": label, "sync_module_states": True, "refused": message,
+            "history": []}
 
 
 def decay_groups(model) -> list[dict]:

@@ -1,5 +1,5 @@
-"""What lesson 4's train.py needs but the lesson is not about: its flags checked, timings, and
-the bitwise comparisons it reports (imported by train.py)."""
+"""Lesson 4's runs (what train.py needs but the lesson is not about): its flags checked,
+timings, and the bitwise comparisons it reports (imported by train.py)."""
 
 import functools
 import os
