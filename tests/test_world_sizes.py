@@ -21,9 +21,8 @@ def scripts():
 @pytest.mark.parametrize("world", WORLD_SIZES)
 def test_lesson1_defaults(scripts, world):
     train = scripts[1]
-    cfg = train.Config()
-    assert train.parse_strategies(cfg.strategy, world, cfg.replicas)
-    assert train.variant_configs(cfg, world) == []
+    planned = train.plan(train.Config(), world)
+    assert [strategy for _, strategy, _, _ in planned] == list(train.Config().strategy)
 
 
 @pytest.mark.parametrize("world", WORLD_SIZES)
@@ -51,4 +50,5 @@ def test_a_layout_the_learner_chose_is_still_refused(scripts):
     with pytest.raises(CourseError, match="must divide the world size 3"):
         scripts[8].scale.validate(scripts[8].Config(tp=2), SimpleNamespace(world_size=3))
     with pytest.raises(CourseError, match="HYBRID_SHARD: 3 ranks"):
-        scripts[1].parse_strategies("HYBRID_SHARD", 3, 2)
+        train = scripts[1]
+        train.plan(train.Config(strategy=train.Strategies("HYBRID_SHARD"), replicas=2), 3)
