@@ -18,7 +18,7 @@ and classic FSDP on the same model, data and initial weights, in fp32.
 """
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -42,9 +42,10 @@ from fsdp_course.checkpoint import compare_fingerprints, fingerprint
 from fsdp_course.config import (
     TrainConfig,
     describe,
+    flag,
     int_at_least,
+    list_flag,
     list_help,
-    names_from,
     parse_config,
 )
 from fsdp_course.dist import distributed, mean_over_ranks
@@ -54,10 +55,8 @@ from fsdp_course.measure_fsdp2 import MemoryProbe
 from fsdp_course.report import MetricLogger, write_metrics
 
 PARTS = ("train", "checkpoint", "compare")
-
-
-def flag(default, help: str, **more):
-    return field(default=default, metadata={"help": help, **more})
+Parts = list_flag("Parts", PARTS)
+Variants = list_flag("Variants", zero.VARIANTS)
 
 
 @dataclass
@@ -71,12 +70,11 @@ class Config(TrainConfig):
                        choices=hf.FAMILIES)
     ffn: int = flag(352, "MLP width (intermediate_size)")
     kv_heads: int = flag(2, "key/value heads (grouped-query attention)")
-    parts: tuple = flag(PARTS, list_help("parts", PARTS) + " (compare builds the model on every "
-                        "rank: small models only)", parse=names_from(PARTS))
+    parts: Parts = flag(Parts(PARTS), list_help("parts", PARTS) + " (compare builds the model on "
+                        "every rank: small models only)")
     mixed_precision: bool = flag(True, "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)")
     activation_checkpointing: bool = flag(True, "recompute each block in backward")
-    compare: tuple = flag(zero.VARIANTS, list_help("variants", zero.VARIANTS),
-                          parse=names_from(zero.VARIANTS))
+    compare: Variants = flag(Variants(zero.VARIANTS), list_help("variants", zero.VARIANTS))
     compare_steps: int = flag(3, "steps per variant in the comparison (fp32)",
                               parse=int_at_least(1))
     hf_config: str | None = flag(None, "build the model from this config.json (or its folder) "
