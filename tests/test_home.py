@@ -48,7 +48,7 @@ def test_home_notebook_executes_and_shows_progress(progress_file):
 
     bank = quizzes.load_bank("lesson0")
     q = next(q for q in bank.questions if q.type == "single")
-    progress.record("lesson0", q.id, 1.0, True)
+    progress.record("lesson0", progress.Mark(q.id, "correct", 1.0))
     progress.set_setting("lang", "zh")
 
     nb = nbformat.read(HOME, as_version=4)

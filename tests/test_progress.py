@@ -76,16 +76,16 @@ def test_twenty_concurrent_grade_record_keep_every_result(tmp_path, progress_fil
 
 
 def test_killed_writer_leaves_a_temp_file_the_next_write_removes(progress_file):
-    progress.record("lesson1", "q_zero_mapping", 1.0, True)
+    progress.record("lesson1", progress.Mark("q_zero_mapping", "correct", 1.0))
     # a writer killed between writing its temp file and renaming it
     killer = ("import os, signal; from quizzes import progress; "
               "progress.os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL); "
-              "progress.record('lesson1', 'q_no_shard', 1.0, True)")
+              "progress.record('lesson1', progress.Mark('q_no_shard', 'correct', 1.0))")
     r = subprocess.run([sys.executable, "-c", killer], cwd=REPO, env=dict(os.environ), timeout=60)
     assert r.returncode == -signal.SIGKILL
     stale = list(progress_file.parent.glob(".progress.json.*.tmp"))
     assert len(stale) == 1
-    progress.record("lesson1", "q_no_shard", 1.0, True)  # the lock died with the writer
+    progress.record("lesson1", progress.Mark("q_no_shard", "correct", 1.0))  # the lock died with the writer
     assert not list(progress_file.parent.glob(".progress.json.*.tmp"))
     recs = json.loads(progress_file.read_text())["lessons"]["lesson1"]
     assert recs["q_zero_mapping"]["attempts"] == 1 and recs["q_no_shard"]["attempts"] == 1
@@ -149,7 +149,7 @@ def test_read_only_folder_prints_results_and_one_line(tmp_path):
     assert "[正确] q_zero_mapping" in r.stdout and "总计：1 / " in r.stdout
     r = cli("take", "lesson1", "--only", "q_zero_mapping", stdin="b\n", progress_path=target)
     one_line_error(r, 0, "progress not recorded")
-    assert "Correct." in r.stdout and "Score: 1 / 1" in r.stdout
+    assert "✔ Correct" in r.stdout and "Score: 1 / 1" in r.stdout
 
 
 def test_unknown_language_setting_is_one_line(progress_file):
@@ -157,7 +157,7 @@ def test_unknown_language_setting_is_one_line(progress_file):
     progress_file.write_text(json.dumps({"version": 1, "settings": {"lang": "fr"}, "lessons": {}}))
     r = cli("take", "lesson1", "--only", "q_zero_mapping", stdin="b\n", progress_path=progress_file)
     one_line_error(r, 0, "settings.lang 'fr' is not a language of this course")
-    assert "Correct." in r.stdout  # English, the default
+    assert "✔ Correct" in r.stdout  # English, the default
     assert quizzes.show("lesson1").lang == "en"
 
 
@@ -169,7 +169,8 @@ def test_newer_version_is_refused_not_rewritten(tmp_path, progress_file):
     one_line_error(r, 1, "newer version of the course", "not reading or changing it")
     assert "[correct] q_zero_mapping" in r.stdout
     assert progress_file.read_text() == newer
-    assert progress.record("lesson1", "q_zero_mapping", 1.0, True) is None
+    saved = progress.record("lesson1", progress.Mark("q_zero_mapping", "correct", 1.0))
+    assert not saved.ok and "newer version" in saved.line() and saved.records == {}
     assert progress_file.read_text() == newer
 
 
@@ -179,10 +180,11 @@ def test_widget_shows_feedback_when_progress_cannot_be_saved(progress_file):
     box = next(b for b in quiz.boxes if b.q.id == "q_zero_mapping")
     box.input.value = box.q.secret["correct"]
     box.button.click()
-    text = box.output.outputs[0]["text"]
-    assert text.startswith("正确。") and "进度未保存" in text
+    text = box.feedback_text
+    assert text.startswith("✔ 正确\n") and "进度未保存" in text and "进度未保存" in box.feedback.value
     quiz.lang_toggle.value = "en"  # the switch works; why it is not remembered is said
-    assert quiz.lang == "en" and "is a folder" in quiz.score.value
+    assert quiz.lang == "en" and "is a folder" in quiz.score.value and "is a folder" in quiz.score_top.value
+    assert "progress not recorded" in box.feedback_text  # still said, in the new language
 
 
 # --- the terminal quiz -----------------------------------------------------------------------
