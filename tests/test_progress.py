@@ -310,3 +310,96 @@ def test_250000_75_is_not_shown_as_250001():
     r = grade_question(q, 250000.75)
     assert not r.correct and "250,000.75 bytes is outside" in r.feedback and "250,001" not in r.feedback
     assert grade_question(q, "250000.5").correct
+
+
+# --- self-assessed results -----------------------------------------------------------------------
+
+def test_version_1_file_from_before_self_assessment_still_loads(progress_file):
+    """A file as the course wrote it before verdicts and self-marks: read as machine-graded."""
+    progress_file.parent.mkdir(parents=True)
+    old = {"version": 1, "settings": {"lang": "zh"}, "lessons": {"lesson1": {
+        "q_zero_mapping": {"attempts": 2, "best_score": 1.0, "correct": True, "last_answered": "2026-01-01T00:00:00+00:00"},
+        "q_no_shard": {"attempts": 1, "best_score": 0.0, "correct": False, "last_answered": "2026-01-01T00:00:00+00:00"}}}}
+    progress_file.write_text(json.dumps(old))
+    summary = progress.lesson_summary("lesson1", ["q_zero_mapping", "q_no_shard", "q_model_state_bytes"])
+    assert summary == {"answered": 2, "correct": 1, "self_assessed": 0, "score": 1.0, "total": 3}
+    saved = progress.record("lesson1", progress.Mark("q_no_shard", "correct", 1.0))
+    assert saved.ok and saved.line() == ""
+    data = json.loads(progress_file.read_text())
+    assert data["version"] == 1 and data["settings"] == {"lang": "zh"}
+    assert data["lessons"]["lesson1"]["q_zero_mapping"] == old["lessons"]["lesson1"]["q_zero_mapping"]
+    assert data["lessons"]["lesson1"]["q_no_shard"]["attempts"] == 2
+    assert not list(progress_file.parent.glob("*.corrupt-*"))
+
+
+def test_self_marks_are_kept_apart_from_the_graders(progress_file):
+    saved = progress.record("lesson1", progress.Mark("q_full_vs_shard_grad_op", "unsure", 0.5))
+    rec = saved.records["q_full_vs_shard_grad_op"]
+    assert (rec["attempts"], rec["verdict"], rec["graded_by"], rec["correct"]) == (1, "unsure", "grader", False)
+    rec = progress.record("lesson1", progress.Mark("q_full_vs_shard_grad_op", "correct", graded_by="self")
+                          ).records["q_full_vs_shard_grad_op"]
+    # the learner's mark is no new attempt and not the machine's verdict
+    assert (rec["attempts"], rec["graded_by"], rec["self_correct"], rec["correct"], rec["best_score"]) == \
+        (1, "self", True, False, 0.5)
+    qids = ["q_full_vs_shard_grad_op", "q_zero_mapping"]
+    assert progress.lesson_summary("lesson1", qids)["self_assessed"] == 1
+    progress.record("lesson1", progress.Mark("q_full_vs_shard_grad_op", "correct", 1.0))  # later graded correct
+    s = progress.lesson_summary("lesson1", qids)
+    assert (s["correct"], s["self_assessed"]) == (1, 0)  # counted once, as the grader's
+    r = cli("progress", progress_path=progress_file)
+    assert r.returncode == 0 and "self-assessed" in r.stdout
+    for bad in [dict(verdict="unsure", graded_by="self"), dict(verdict="maybe"), dict(verdict="correct", graded_by="me")]:
+        with pytest.raises(ValueError):
+            progress.Mark("q_zero_mapping", **bad)
+    with pytest.raises(TypeError, match="Mark"):
+        progress.record("lesson1", "q_zero_mapping", 1.0, True)
+
+
+def test_progress_cli_shows_self_assessed_apart(progress_file):
+    progress.record("lesson1", progress.Mark("q_full_vs_shard_grad_op", "unsure", 0.5),
+                    progress.Mark("q_zero_mapping", "correct", 1.0))
+    progress.record("lesson1", progress.Mark("q_full_vs_shard_grad_op", "correct", graded_by="self"))
+    r = cli("progress", progress_path=progress_file)
+    n = len(quizzes.load_bank("lesson1").graded())
+    row = next(line for line in r.stdout.splitlines() if line.startswith("lesson1 "))
+    assert row.split()[:6] == ["lesson1", "2", "/", str(n), "1", "1"], row  # answered, correct, self-assessed
+    assert "1.50" in row
+
+
+def test_an_unknown_verdict_in_the_file_is_moved_aside(tmp_path, progress_file):
+    progress_file.parent.mkdir(parents=True)
+    progress_file.write_text(json.dumps({"version": 1, "lessons": {"lesson1": {"q_zero_mapping": {"verdict": "maybe"}}}}))
+    r = cli("grade", answers_file(tmp_path, {"q_zero_mapping": "b"}), "--record", progress_path=progress_file)
+    one_line_error(r, 0, "moved it to", "verdict is \"maybe\"")
+
+
+def unsure_result(lang="en"):
+    from quizzes.grading import Result
+    return Result(False, 0.5, "Not sure.", {
+        "found": ["a"], "missing": ["b"], "found_labels": ["idea A"], "missing_labels": ["idea B"],
+        "unread": ["some words"], "false": [], "checklist": ["idea A", "idea B"],
+        "reference": "the reference", "too_short": False}, verdict="unsure")
+
+
+@pytest.mark.parametrize("typed,mark", [("y\ny\ny\n", "correct"), ("y\nn\n", "wrong"), ("y\ny\nn\n", "wrong"),
+                                        ("y\n\n", None)])
+def test_take_unsure_asks_the_learner_to_mark_their_answer(monkeypatch, capsys, progress_file, typed, mark):
+    import io
+    from quizzes import cli as climod
+    monkeypatch.setattr(climod, "grade_question", lambda q, answer, lang="en": unsure_result(lang))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("FULL_SHARD frees something, I think\n" + typed))
+    assert climod.main(["take", "lesson1", "--only", "q_full_vs_shard_grad_op"]) == 0
+    out = capsys.readouterr().out
+    for part in ["? Not sure: compare it yourself", "Key ideas found:\n- idea A", "Key ideas missed:\n- idea B",
+                 "Sentences the grader could not read:\n- «some words»", "Reference answer:\nthe reference",
+                 "Does your answer say this? (y/n)"]:
+        assert part in out, out
+    rec = json.loads(progress_file.read_text())["lessons"]["lesson1"]["q_full_vs_shard_grad_op"]
+    assert rec["attempts"] == 1 and rec["correct"] is False
+    if mark is None:
+        assert rec["graded_by"] == "grader" and rec["verdict"] == "unsure" and "self_correct" not in rec
+        assert "self-check skipped" in out
+    else:
+        assert rec["graded_by"] == "self" and rec["self_correct"] is (mark == "correct")
+        assert "Recorded as self-assessed." in out
+    assert ("Score: 0 / 1 (+1 self-assessed right)" in out) is (mark == "correct")
