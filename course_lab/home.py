@@ -143,9 +143,9 @@ def table_html(root: Path = LESSONS) -> str:
         quiz = e(r["quiz"]) if r["quiz"] else "<i>no quiz yet</i>"
         body.append(f"<tr><td>{r['lesson']}</td><td style='text-align:left'>{nb}</td>"
                     f"<td style='text-align:left'><code>{e(r['launch'])}</code></td>"
-                    f"<td style='text-align:left' class='course-home-quiz'>{quiz}</td></tr>")
+                    f"<td style='text-align:left;white-space:nowrap' class='course-home-quiz'>{quiz}</td></tr>")
     head = ("<tr><th>#</th><th style='text-align:left'>lesson notebook</th>"
-            "<th style='text-align:left'>multi-process part (terminal, from the course folder)</th>"
+            "<th style='text-align:left'>run it in a terminal (from the course folder)</th>"
             "<th style='text-align:left'>your quiz progress</th></tr>")
     return f"<table class='course-home'>{head}{''.join(body)}</table>"
 

@@ -28,7 +28,11 @@ TEXT_STYLE = "white-space:pre-wrap;overflow-wrap:break-word;word-break:normal;li
 
 
 def _esc(text: str) -> str:
-    return html.escape(str(text), quote=False)
+    """Escaped for HTML; `code` in the banks' texts shown as code, not as backticks."""
+    parts = html.escape(str(text), quote=False).split("`")
+    if len(parts) % 2 == 0:  # an odd number of backticks: not code marks, keep them
+        return "`".join(parts)
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
 
 
 def _badge(kind: str, lang: str) -> str:
@@ -46,6 +50,20 @@ def _panel(kind: str, inner: str) -> str:
 
 def _text(text: str) -> str:
     return f"<div style='{TEXT_STYLE};margin-top:4px'>{_esc(text)}</div>"
+
+
+def _feedback(text: str) -> str:
+    """The grader's feedback as HTML: a short line ending in a colon is a heading, "- " lines are
+    a list with a hanging indent, the rest wraps at word boundaries."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("- "):
+            out.append(_items([line[2:]], "•", "#57606a"))
+        elif line.rstrip().endswith((":", "：")) and len(line) <= 60:
+            out.append(f"<div style='{TEXT_STYLE};margin-top:6px'><b>{_esc(line)}</b></div>")
+        else:
+            out.append(f"<div style='{TEXT_STYLE}'>{_esc(line)}</div>")
+    return f"<div style='margin-top:4px'>{''.join(out)}</div>"
 
 
 def _items(items, mark: str, colour: str) -> str:
@@ -119,7 +137,8 @@ class QuestionBox:
              widgets.HBox([self.self_right, self.self_wrong, self.self_hint],
                           layout={"align_items": "center"}),
              self.self_status],
-            layout={"display": "none", "width": "100%"})
+            layout={"display": "none", "width": "100%", "border_left": f"4px solid {present.LOOKS['unsure'][2]}",
+                    "padding": "0 0 6px 10px", "margin": "0 0 0 2px"})
         self.selfcheck.add_class("quiz-selfcheck")
 
     def _show_selfcheck(self, parts: dict, lang: str) -> None:
@@ -241,7 +260,7 @@ class QuestionBox:
             self._show_selfcheck(parts, lang)
         else:
             text = present.body(result, lang)
-            inner = [_badge(kind, lang), _text(text)]
+            inner = [_badge(kind, lang), _feedback(text)]
             self.feedback_text = f"{present.badge_text(kind, lang)}\n{text}"
             self._hide_selfcheck()
         if problem:
