@@ -189,9 +189,8 @@ class Home:
                                "data": {"text/html": page, "text/plain": text()}},)
 
 
-def show():
-    """Display the overview: the table with a Refresh button in a notebook, text elsewhere.
-    Returns the Home (its .refresh() reads progress again) in a notebook, else None."""
+def show() -> None:
+    """Display the overview: the table with a Refresh button in a notebook, text elsewhere."""
     try:
         from IPython import get_ipython
         from IPython.display import display
@@ -200,7 +199,5 @@ def show():
     if get_ipython is None or get_ipython() is None:
         print(text())
         print(_note())
-        return None
-    home = Home()
-    display(home.root)
-    return None
+        return
+    display(Home().root)

@@ -546,7 +546,7 @@ def english_ui_strings() -> list[str]:
     from quizzes.i18n import MESSAGES
 
     out = set()
-    for key, texts in MESSAGES.items():
+    for texts in MESSAGES.values():
         en = re.split(r"\{[^}]*\}", texts["en"])
         out.update(part.strip(" .,;:()") for part in en if len(part.strip(" .,;:()")) >= 5)
     return sorted(out - {"English"})
@@ -622,12 +622,14 @@ def test_unsure_result_and_self_assessment_by_clicking(check_page, lab):
     reference, then the learner ticks the key ideas and marks the answer, recorded as
     self-assessed; the same in Chinese."""
     from playwright.sync_api import expect
+    import quizzes
 
-    page, panel = check_page.page, check_page.show().panel
+    panel = check_page.show().panel
     root = quiz_root(panel, 1)
     root.locator(".quiz-lang button", has_text="English").click()
-    q = next(x for x in __import__("quizzes").load_bank("lesson1").questions if x.type == "open")
-    graded = len(__import__("quizzes").load_bank("lesson1").graded())
+    bank = quizzes.load_bank("lesson1")
+    q = next(x for x in bank.questions if x.type == "open")
+    graded = len(bank.graded())
     box = root.locator(f".quiz-q-{q.id}")
     box.scroll_into_view_if_needed()
     answer = "FULL_SHARD frees the parameters after forward. And then it does the gather thing twice"
@@ -692,7 +694,7 @@ def test_open_answer_right_and_wrong(check_page, lab):
     from playwright.sync_api import expect
     import quizzes
 
-    page, panel = check_page.page, check_page.show().panel
+    panel = check_page.show().panel
     root = quiz_root(panel, 1)
     q = next(x for x in quizzes.load_bank("lesson1").questions if x.type == "open")
     box = root.locator(f".quiz-q-{q.id}")
@@ -770,6 +772,7 @@ def test_home_page_opens_with_lesson_links(lab_page, lesson0_from_home, lab):
 def test_home_table_refreshes_progress(home_page, lab, monkeypatch):
     """One table, titles without backticks, and progress read again by clicking Refresh."""
     from playwright.sync_api import expect
+    import quizzes
     from quizzes import progress
 
     page, panel = home_page.page, home_page.show().panel
@@ -778,7 +781,7 @@ def test_home_table_refreshes_progress(home_page, lab, monkeypatch):
     assert "`" not in table.inner_text()
     expect(table.locator("a code", has_text="no_sync")).to_have_count(1)
     row = table.locator("tr", has=page.locator("a[href*='03_no_sync']"))
-    bank = __import__("quizzes").load_bank("lesson3")
+    bank = quizzes.load_bank("lesson3")
     q = next(x for x in bank.questions if x.type == "single")
     before = row.locator(".course-home-quiz").inner_text()
     assert "(0 answered)" in before, before

@@ -348,7 +348,8 @@ def test_self_marks_are_kept_apart_from_the_graders(progress_file):
     assert (s["correct"], s["self_assessed"]) == (1, 0)  # counted once, as the grader's
     r = cli("progress", progress_path=progress_file)
     assert r.returncode == 0 and "self-assessed" in r.stdout
-    for bad in [dict(verdict="unsure", graded_by="self"), dict(verdict="maybe"), dict(verdict="correct", graded_by="me")]:
+    for bad in [{"verdict": "unsure", "graded_by": "self"}, {"verdict": "maybe"},
+                {"verdict": "correct", "graded_by": "me"}]:
         with pytest.raises(ValueError):
             progress.Mark("q_zero_mapping", **bad)
     with pytest.raises(TypeError, match="Mark"):

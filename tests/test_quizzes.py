@@ -412,7 +412,7 @@ def test_widget_unsure_in_chinese_keeps_the_ticks(unsure_quiz):
 
 
 def test_widget_says_when_a_self_mark_cannot_be_saved(unsure_quiz, quiz_progress_file):
-    quiz, box = unsure_quiz
+    _, box = unsure_quiz
     quiz_progress_file.unlink()
     quiz_progress_file.mkdir()
     box.self_wrong.click()
