@@ -55,8 +55,10 @@ MESSAGES = {
     "unsure_why": {"en": "The grader could not read all of your answer, so it does not say right or wrong. "
                          "Compare your answer with the key ideas and the reference answer, then mark it.",
                    "zh": "评分器没能读懂你的全部回答，所以不判对错。请对照要点和参考答案，再自己判定。"},
-    "unread": {"en": "Sentences the grader could not read:", "zh": "评分器没能读懂的句子："},
-    "you_wrote": {"en": "You wrote «{quote}»: {fix}", "zh": "你写的是「{quote}」：{fix}"},
+    "ui_found": {"en": "Key ideas found:", "zh": "已答到的要点："},
+    "ui_missing": {"en": "Key ideas not found:", "zh": "没有找到的要点："},
+    "ui_unread": {"en": "Sentences the grader could not read:", "zh": "评分器没能读懂的句子："},
+    "ui_you_wrote": {"en": "You wrote «{quote}»: {fix}", "zh": "你写的是「{quote}」：{fix}"},
     "false_head": {"en": "Not so:", "zh": "不成立的说法："},
     "checklist_head": {"en": "Tick each key idea your answer states (in its true direction):",
                        "zh": "勾选你的回答（以正确的方向）说到的每个要点："},

@@ -23,6 +23,8 @@ LOOKS = {
     "self_wrong": ("badge_self_wrong", "✘", "#3e1f79", "#fbefff"),
 }
 _HEADS = ("correct", "wrong", "partly", "unsure")
+# A verdict said as the first words of a sentence ("Not quite: the answer ..."), which the badge says.
+_SAYS_VERDICT = re.compile(r"^(correct|not quite|unsure|正确|不太对|无法判定)\s*[:：]\s*", re.IGNORECASE)
 # An explanation that opens by saying "right" again, after a right answer.
 _SAYS_RIGHT = re.compile(r"^\s*(right|correct|yes)\s*[:.,—-]\s*|^\s*(正确|对|没错)\s*[：:。，,]\s*", re.IGNORECASE)
 
@@ -42,6 +44,11 @@ def body(result, lang: str) -> str:
         if text.startswith(head):
             text = text[len(head):].lstrip()
             break
+    else:
+        said = _SAYS_VERDICT.match(text)
+        if said:
+            text = text[said.end():]
+            text = text[:1].upper() + text[1:]
     if result.verdict == "correct":
         text = _SAYS_RIGHT.sub("", text, count=1)
     return text
@@ -71,13 +78,13 @@ def unsure_text(result, lang: str) -> str:
     lines = [msg("unsure_why", lang)]
     if p["false"]:
         lines.append(msg("false_head", lang))
-        lines += ["- " + msg("you_wrote", lang, quote=f["quote"], fix=f.get("fix", "")) for f in p["false"]]
-    lines.append(msg("found", lang))
+        lines += ["- " + msg("ui_you_wrote", lang, quote=f["quote"], fix=f.get("fix", "")) for f in p["false"]]
+    lines.append(msg("ui_found", lang))
     lines += [f"- {x}" for x in p["found"]] or [f"- {msg('none', lang)}"]
-    lines.append(msg("missed", lang))
+    lines.append(msg("ui_missing", lang))
     lines += [f"- {x}" for x in p["missing"]] or [f"- {msg('none', lang)}"]
     if p["unread"]:
-        lines.append(msg("unread", lang))
+        lines.append(msg("ui_unread", lang))
         lines += [f"- «{x}»" for x in p["unread"]]
     if p["reference"]:
         lines += [msg("reference", lang), p["reference"]]

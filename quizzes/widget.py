@@ -143,11 +143,11 @@ class QuestionBox:
 
     def _show_selfcheck(self, parts: dict, lang: str) -> None:
         labels = parts["checklist"]
-        if len(self.idea_checks) != len(labels):  # a new checklist: ticks start from the grader's finds
+        if len(self.idea_checks) != len(labels):  # a new checklist: ticked where the grader found the idea
             self.idea_checks = []
             rows = []
             for label in labels:
-                cb = widgets.Checkbox(value=label in parts["found"], indent=False,
+                cb = widgets.Checkbox(value=label not in parts["missing"], indent=False,
                                       layout={"width": "28px", "flex": "0 0 28px"})
                 cb.add_class("quiz-idea")
                 cb.observe(lambda _c: self._update_self_buttons(), names="value")
@@ -243,14 +243,14 @@ class QuestionBox:
             inner = [_badge(kind, lang), _text(msg("unsure_why", lang))]
             if parts["false"]:
                 inner.append(f"<div style='margin-top:6px'><b>{_esc(msg('false_head', lang))}</b></div>")
-                inner.append(_items([msg("you_wrote", lang, quote=f["quote"], fix=f.get("fix", ""))
+                inner.append(_items([msg("ui_you_wrote", lang, quote=f["quote"], fix=f.get("fix", ""))
                                      for f in parts["false"]], "✘", "#a40e26"))
-            inner.append(f"<div style='margin-top:6px'><b>{_esc(msg('found', lang))}</b></div>")
+            inner.append(f"<div style='margin-top:6px'><b>{_esc(msg('ui_found', lang))}</b></div>")
             inner.append(_items(parts["found"] or [msg("none", lang)], "✔", "#116329"))
-            inner.append(f"<div style='margin-top:6px'><b>{_esc(msg('missed', lang))}</b></div>")
+            inner.append(f"<div style='margin-top:6px'><b>{_esc(msg('ui_missing', lang))}</b></div>")
             inner.append(_items(parts["missing"] or [msg("none", lang)], "○", "#57606a"))
             if parts["unread"]:
-                inner.append(f"<div style='margin-top:6px'><b>{_esc(msg('unread', lang))}</b></div>")
+                inner.append(f"<div style='margin-top:6px'><b>{_esc(msg('ui_unread', lang))}</b></div>")
                 inner.append(_items([f"«{u}»" for u in parts["unread"]], "?", "#0a3069"))
             if parts["reference"]:
                 inner.append(f"<div style='margin-top:6px'><b>{_esc(msg('reference', lang))}</b></div>"

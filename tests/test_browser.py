@@ -637,7 +637,7 @@ def test_unsure_result_and_self_assessment_by_clicking(check_page, lab):
     box.get_by_role("button", name="Check").click()
     feedback = box.locator(".quiz-feedback")
     expect(feedback.locator(".quiz-verdict-unsure")).to_have_text("? Not sure: compare it yourself")
-    for part in ["Key ideas found:", UNSURE_LABELS["en"][0], "Key ideas missed:", UNSURE_LABELS["en"][1],
+    for part in ["Key ideas found:", UNSURE_LABELS["en"][0], "Key ideas not found:", UNSURE_LABELS["en"][1],
                  "Sentences the grader could not read:", "«And then it does the gather thing twice»",
                  "You wrote «FULL_SHARD keeps them»: it frees them after forward", "Reference answer:",
                  q.secret["reference"]["en"][:40]]:

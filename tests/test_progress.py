@@ -391,7 +391,7 @@ def test_take_unsure_asks_the_learner_to_mark_their_answer(monkeypatch, capsys, 
     monkeypatch.setattr(sys, "stdin", io.StringIO("FULL_SHARD frees something, I think\n" + typed))
     assert climod.main(["take", "lesson1", "--only", "q_full_vs_shard_grad_op"]) == 0
     out = capsys.readouterr().out
-    for part in ["? Not sure: compare it yourself", "Key ideas found:\n- idea A", "Key ideas missed:\n- idea B",
+    for part in ["? Not sure: compare it yourself", "Key ideas found:\n- idea A", "Key ideas not found:\n- idea B",
                  "Sentences the grader could not read:\n- «some words»", "Reference answer:\nthe reference",
                  "Does your answer say this? (y/n)"]:
         assert part in out, out
