@@ -65,7 +65,7 @@ def unsure_parts(result, lang: str) -> dict:
     d = result.details or {}
     checklist = list(d.get("checklist") or [])
     found = list(d.get("found_labels") or [])
-    missing = list(d.get("missing_labels") or [l for l in checklist if l not in found])
+    missing = list(d["missing_labels"] if "missing_labels" in d else [x for x in checklist if x not in found])
     return {"found": found, "missing": missing, "unread": list(d.get("unread") or []),
             "false": [f for f in d.get("false") or [] if isinstance(f, dict)],
             "checklist": checklist or found + missing,

@@ -548,3 +548,22 @@ def test_cli_unseal_then_seal_round_trip(tmp_path, quiz_progress_file):
     r = quiz_cli("seal", str(src), "--out", str(out), progress_file=quiz_progress_file)
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text()) == json.loads((BANK_DIR / "lesson1.json").read_text())
+
+
+def test_unsure_with_every_key_idea_found_ticks_them_all(monkeypatch):
+    """Found claims are labelled by claim, the checklist by key idea: what is not found comes from
+    missing_labels, even when it is empty, never from comparing the two kinds of label."""
+    from quizzes import present, widget
+    from quizzes.grading import Result
+    result = Result(False, 0.5, "", {"found": ["c1", "c2"], "missing": [], "found_labels": ["claim one", "claim two"],
+                                     "missing_labels": [], "unread": ["a sentence"], "false": [],
+                                     "checklist": ["key idea"], "reference": "ref", "too_short": False},
+                    verdict="unsure")
+    assert present.unsure_parts(result, "en")["missing"] == []
+    monkeypatch.setattr(widget, "grade_question", lambda q, answer, lang="en": result)
+    quiz = quizzes.show("lesson1")
+    box = next(b for b in quiz.boxes if b.q.type == "open")
+    box.input.value = "anything at all, really"
+    box.button.click()
+    assert [cb.value for cb in box.idea_checks] == [True] and not box.self_right.disabled
+    assert "Key ideas not found:\n- (none)" in box.feedback_text
