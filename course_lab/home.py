@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import threading
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -158,14 +159,19 @@ def _note() -> str:
             "not read whole, marked right by you against the key ideas.")
 
 
+WATCH_S = 2.0  # how often the shown table looks at the progress file (a stat, nothing more)
+
+
 class Home:
     """The table in an Output widget (JupyterLab renders its HTML, links included, as a cell's
-    own output) under a Refresh button: progress is read when shown and when Refresh is clicked,
-    and the line above the table says when that was."""
+    own output) under a Refresh button. Progress is read when shown, when Refresh is clicked,
+    and, with watch=True, whenever the progress file changes (a quiz in another notebook or a
+    terminal recorded an answer): a background thread looks every WATCH_S seconds."""
 
-    def __init__(self):
+    def __init__(self, watch: bool = False):
         import ipywidgets as widgets
 
+        self.watching = watch
         self.stamp = widgets.HTML()
         self.stamp.add_class("course-home-stamp")
         self.button = widgets.Button(description="Refresh progress", icon="refresh",
@@ -177,20 +183,53 @@ class Home:
         self.root = widgets.VBox([widgets.HBox([self.button, self.stamp], layout={"align_items": "center"}),
                                   self.table])
         self.refreshed = 0
+        self._seen = None
+        self._stop = threading.Event()
         self.refresh()
+        if watch:
+            threading.Thread(target=self._watch, name="course-home-progress", daemon=True).start()
+
+    @staticmethod
+    def _file_state():
+        from quizzes import progress
+
+        try:
+            st = progress.progress_path().stat()
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size
 
     def refresh(self) -> None:
+        self._seen = self._file_state()
         self.refreshed += 1
         now = datetime.now().strftime("%H:%M:%S")
-        self.stamp.value = (f"<span style='margin-left:8px'>Your progress as of {now}: a snapshot, "
-                            "click Refresh after a quiz.</span>")
+        how = ("it updates by itself after a quiz" if self.watching
+               else "a snapshot: click Refresh after a quiz")
+        self.stamp.value = f"<span style='margin-left:8px'>Your progress as of {now} ({how}).</span>"
         page = table_html() + f"<p><small>{html.escape(_note())}</small></p>"
         self.table.outputs = ({"output_type": "display_data", "metadata": {},
                                "data": {"text/html": page, "text/plain": text()}},)
 
+    def _watch(self) -> None:
+        while not self._stop.wait(WATCH_S):
+            if self._file_state() != self._seen:
+                try:
+                    self.refresh()
+                except Exception:  # the kernel is going away: stop quietly, never a traceback in a cell
+                    return
+
+    def stop(self) -> None:
+        """Stop watching the progress file."""
+        self._stop.set()
+
+
+_shown: Home | None = None
+
 
 def show() -> None:
-    """Display the overview: the table with a Refresh button in a notebook, text elsewhere."""
+    """Display the overview: the table (updating itself as progress changes, and with a Refresh
+    button) in a notebook, text elsewhere."""
+    global _shown
     try:
         from IPython import get_ipython
         from IPython.display import display
@@ -200,4 +239,7 @@ def show() -> None:
         print(text())
         print(_note())
         return
-    display(Home().root)
+    if _shown is not None:  # the cell run again: one table watches the file, not one per run
+        _shown.stop()
+    _shown = Home(watch=True)
+    display(_shown.root)

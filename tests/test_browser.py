@@ -608,6 +608,10 @@ def test_language_toggle_switches_and_is_remembered(check_page, lab):
 
 def assert_no_english_ui(root):
     """The quiz in Chinese: no English UI string in its rendered text (button labels included)."""
+    from playwright.sync_api import expect
+
+    # The score is drawn last when the language changes: once it is Chinese, all of it is.
+    expect(root.locator(".quiz-score-bottom")).to_contain_text("得分")
     text = root.inner_text()
     buttons = root.locator("button").all_inner_texts()
     shown = text + "\n" + "\n".join(buttons)
@@ -769,8 +773,9 @@ def test_home_page_opens_with_lesson_links(lab_page, lesson0_from_home, lab):
 
 
 @pytest.mark.browser
-def test_home_table_refreshes_progress(home_page, lab, monkeypatch):
-    """One table, titles without backticks, and progress read again by clicking Refresh."""
+def test_home_table_updates_its_progress(home_page, lab, monkeypatch):
+    """One table, titles without backticks, and progress that updates without running a cell:
+    by itself when the progress file changes, and on Refresh."""
     from playwright.sync_api import expect
     import quizzes
     from quizzes import progress
@@ -781,18 +786,22 @@ def test_home_table_refreshes_progress(home_page, lab, monkeypatch):
     assert "`" not in table.inner_text()
     row = table.locator("tr", has=page.locator("a[href*='03_no_sync']"))
     bank = quizzes.load_bank("lesson3")
-    q = next(x for x in bank.questions if x.type == "single")
+    single = next(x for x in bank.questions if x.type == "single")
+    other = next(x for x in bank.graded() if x.id != single.id)
     before = row.locator(".course-home-quiz").inner_text()
     assert "(0 answered)" in before, before
+    expect(panel.locator(".course-home-stamp")).to_contain_text("updates by itself")
     monkeypatch.setenv(progress.ENV, str(lab.progress))
-    assert progress.record("lesson3", progress.Mark(q.id, "correct", 1.0)).ok
-    page.screenshot(path=str(shots_dir(lab) / "home_before_refresh.png"))
-    expect(row.locator(".course-home-quiz")).to_have_text(before)  # a snapshot, as it says
-    expect(panel.locator(".course-home-stamp")).to_contain_text("snapshot")
-    panel.locator(".course-home-refresh").click()
-    expect(row.locator(".course-home-quiz")).to_contain_text("1 / ")
+    # as a quiz in another notebook or a terminal records an answer
+    assert progress.record("lesson3", progress.Mark(single.id, "correct", 1.0)).ok
     expect(row.locator(".course-home-quiz")).to_contain_text("(1 answered)")
+    assert progress.record("lesson3", progress.Mark(other.id, "unsure", 0.5)).ok
+    assert progress.record("lesson3", progress.Mark(other.id, "correct", graded_by="self")).ok
+    panel.locator(".course-home-refresh").click()
+    expect(row.locator(".course-home-quiz")).to_have_text(
+        f"1 / {len(bank.graded())} correct, 1 self-assessed right (2 answered)")
     panel.locator(".course-home-table").screenshot(path=str(shots_dir(lab) / "home_table.png"))
+    page.screenshot(path=str(shots_dir(lab) / "home.png"))
 
 
 @pytest.mark.browser

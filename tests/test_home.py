@@ -84,6 +84,31 @@ def test_progress_shows_self_assessed_apart_and_refresh_reads_it_again(progress_
     assert view.refreshed == 2 and str(progress_file) in page
 
 
+def test_shown_table_updates_itself_when_progress_changes(progress_file, monkeypatch):
+    import time
+
+    import quizzes
+    from course_lab import home
+    from quizzes import progress
+
+    monkeypatch.setattr(home, "WATCH_S", 0.05)
+    view = home.Home(watch=True)
+    try:
+        assert "updates by itself" in view.stamp.value and view.refreshed == 1
+        time.sleep(0.3)
+        assert view.refreshed == 1  # nothing changed: nothing read again
+        qid = quizzes.load_bank("lesson2").graded()[0].id
+        progress.record("lesson2", progress.Mark(qid, "correct", 1.0))
+        deadline = time.monotonic() + 10
+        while view.refreshed == 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert view.refreshed == 2
+        row = re.search(r"02_wrap_policies\.ipynb.*?</tr>", view.table.outputs[0]["data"]["text/html"]).group(0)
+        assert "(1 answered)" in row, row
+    finally:
+        view.stop()
+
+
 @pytest.mark.slow
 def test_home_notebook_executes_and_shows_progress(progress_file):
     import quizzes
