@@ -404,3 +404,20 @@ def test_take_unsure_asks_the_learner_to_mark_their_answer(monkeypatch, capsys, 
         assert rec["graded_by"] == "self" and rec["self_correct"] is (mark == "correct")
         assert "Recorded as self-assessed." in out
     assert ("Score: 0 / 1 (+1 self-assessed right)" in out) is (mark == "correct")
+
+
+def test_check_exercise_says_once_why_its_result_is_not_kept(tmp_path, progress_file, monkeypatch, capsys):
+    import importlib
+    importlib.import_module("quizzes.checks")  # registers the demo checker (lessondemo, ex_square)
+    authoring = {"lesson": "lessondemo", "title": {"en": "Demo", "zh": "演示"}, "questions": [
+        {"id": "ex_square", "type": "code", "prompt": {"en": "Write square(x).", "zh": "编写 square(x)。"},
+         "secret": {}}]}
+    folder = tmp_path / "banks"
+    folder.mkdir()
+    (folder / "lessondemo.json").write_text(bankmod.dump_bank(bankmod.from_authoring(authoring)))
+    monkeypatch.setenv(bankmod.BANK_PATH_ENV, str(folder))
+    progress_file.mkdir(parents=True)
+    r = quizzes.check_exercise("lessondemo", "ex_square", lambda x: x * x)
+    out, err = capsys.readouterr()
+    assert r.passed and out.startswith("PASS ex_square:")  # the verdict stands
+    assert err.count("\n") == 1 and err.startswith("quizzes: progress not recorded:") and "is a folder" in err
