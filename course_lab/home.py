@@ -201,7 +201,6 @@ class Home:
 
     def refresh(self) -> None:
         self._seen = self._file_state()
-        self.refreshed += 1
         now = datetime.now().strftime("%H:%M:%S")
         how = ("it updates by itself after a quiz" if self.watching
                else "a snapshot: click Refresh after a quiz")
@@ -209,6 +208,7 @@ class Home:
         page = table_html() + f"<p><small>{html.escape(_note())}</small></p>"
         self.table.outputs = ({"output_type": "display_data", "metadata": {},
                                "data": {"text/html": page, "text/plain": text()}},)
+        self.refreshed += 1  # last: a reader that sees the count sees the table it counts
 
     def _watch(self) -> None:
         while not self._stop.wait(WATCH_S):

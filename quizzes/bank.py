@@ -286,6 +286,18 @@ def _says_problems(where: str, says) -> list:
             for err in [phrase_error(ph) if isinstance(ph, str) else "not a string"] if err]
 
 
+def _fix_problems(where: str, entry: dict, keys) -> list:
+    """The 'wrong' / 'swapped' texts say what is true instead; the feedback quotes the learner
+    before them ("You wrote: «...» — in fact <text>")."""
+    out = []
+    for key in keys:
+        text = entry.get(key)
+        if _bilingual(text) and (text["en"].lower().startswith("you wrote") or text["zh"].startswith("你写")):
+            out.append(f"{where}: '{key}' says what is true instead (the feedback quotes the learner "
+                       "before it), not 'you wrote that ...'")
+    return out
+
+
 def validate_open(s: dict) -> list:
     """Problems of an open question's claims (README: "Open questions graded by claims")."""
     p = []
@@ -312,8 +324,9 @@ def validate_open(s: dict) -> list:
         ids.add(cid)
         if not _bilingual(c.get("label")):
             p.append(f"claim {cid!r}: needs an en and zh label")
-        if not isinstance(c.get("weight", 1), int) or not 1 <= c.get("weight", 1) <= 3:
-            p.append(f"claim {cid!r}: weight must be 1, 2 or 3")
+        if "weight" in c:
+            p.append(f"claim {cid!r}: 'weight' is no longer graded: every key idea is required "
+                     "(group the claims into secret.key_ideas)")
         forms = c.get("forms")
         if not isinstance(forms, list) or not forms:
             p.append(f"claim {cid!r}: needs a non-empty list of forms")
@@ -325,9 +338,12 @@ def validate_open(s: dict) -> list:
                 if key in f and f[key] not in subjects:
                     p.append(f"{where}: {key} {f[key]!r} is not in secret.subjects")
             if not f.get("one_way") and not _bilingual(f.get("wrong")):
-                p.append(f"{where}: needs an en and zh 'wrong' text (what the reversed statement gets wrong)")
+                p.append(f"{where}: needs an en and zh 'wrong' text (what is true instead of the denied statement)")
             if "rival" in f and not _bilingual(f.get("swapped")):
                 p.append(f"{where}: a form with a rival needs an en and zh 'swapped' text")
+            p += _fix_problems(where, f, ("wrong", "swapped"))
+            if f.get("own_subject") and "rival" not in f:
+                p.append(f"{where}: own_subject needs a rival (it says the rival's denial credits nothing)")
     for i, m in enumerate(s.get("misconceptions", [])):
         where = f"misconception {m.get('id', '#' + str(i + 1))!r}"
         if not isinstance(m.get("id"), str) or m["id"] in ids:
@@ -336,11 +352,38 @@ def validate_open(s: dict) -> list:
         p += _says_problems(where, m.get("says"))
         if not _bilingual(m.get("wrong")):
             p.append(f"{where}: needs an en and zh 'wrong' text")
+        p += _fix_problems(where, m, ("wrong",))
         if "subject" in m and m["subject"] not in subjects:
             p.append(f"{where}: subject {m['subject']!r} is not in secret.subjects")
-    total = sum(c.get("weight", 1) for c in claims if isinstance(c, dict) and isinstance(c.get("weight", 1), int))
-    if not isinstance(s.get("min_claims"), int) or not 1 <= s["min_claims"] <= max(1, total):
-        p.append("secret.min_claims must be between 1 and the claims' total weight")
+    if "min_claims" in s:
+        p.append("secret.min_claims is no longer graded: an answer is correct when it states every key "
+                 "idea (secret.key_ideas)")
+    for i, k in enumerate(s.get("key_ideas", [])):
+        where = f"key idea #{i + 1}"
+        if not (isinstance(k, dict) and isinstance(k.get("id"), str) and _bilingual(k.get("label"))
+                and isinstance(k.get("claims"), list) and k["claims"]):
+            p.append(f"{where}: needs an id, an en and zh label and a non-empty list of claim ids")
+            continue
+        for cid in k["claims"]:
+            if cid not in ids:
+                p.append(f"key idea {k['id']!r}: claim {cid!r} is not a claim of this question")
+    grouped = [cid for k in s.get("key_ideas", []) if isinstance(k, dict) for cid in k.get("claims") or []]
+    if len(grouped) != len(set(grouped)):
+        p.append("key_ideas: a claim belongs to one key idea at most (else one sentence meets two ideas)")
+    if "key_ideas" in s and not s["key_ideas"]:
+        p.append("key_ideas: at least one key idea")
+    if "topic" in s:
+        p += _says_problems("topic", s["topic"])
+    else:
+        p.append("secret.topic needs en and zh phrasings of what the question is about: a sentence "
+                 "that names them and matches no claim is 'unread', and the verdict is at best unsure")
+    for i, r in enumerate(s.get("neutral", [])):
+        where = f"neutral remark {r.get('id', '#' + str(i + 1))!r}" if isinstance(r, dict) else f"neutral #{i + 1}"
+        if not isinstance(r, dict) or not isinstance(r.get("id"), str) or r["id"] in ids:
+            p.append(f"{where}: needs a unique string id")
+            continue
+        ids.add(r["id"])
+        p += _says_problems(where, r.get("says"))
     if not _bilingual(s.get("reference")):
         p.append("secret.reference needs en and zh text")
     return p

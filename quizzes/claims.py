@@ -1,10 +1,12 @@
 """Reading an open answer for the claims it makes (see "Open questions graded by claims" in README).
 
-The answer is cut into clauses; in each clause a claim's phrasing is looked for, its subject is
-found (nearest mention, else the previous clause's), and its direction is read (negation, the
-rival subject, a form that is true only when denied). A claim stated the true way supports it;
-stated the false way it is a misconception. Nothing here knows about any lesson: every rule
-comes from the question's sealed data.
+The answer is cut into sentences and clauses; in each clause a claim's phrasing is looked for,
+its subject is found (nearest mention, the agent after 被 / "by", else the previous clause's),
+and its direction is read (negation per word, the rival subject, a form that is true only when
+denied). A claim stated the true way supports it; stated the false way it is a misconception. A
+clause that states something about the question's topic and matches nothing the question knows
+is *unread*: the grader says so instead of guessing. Nothing here knows about any lesson: every
+rule comes from the question's sealed data.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 from functools import lru_cache
+
+from .language import en_lemmas, zh_words
 
 CJK = "\u3400-\u9fff\uf900-\ufaff"
 _CJK_CHAR = re.compile(f"[{CJK}]")
@@ -21,50 +25,50 @@ CJK_RE = _CJK_CHAR
 # and at their Chinese forms and line breaks; clauses split further at commas, colons, brackets
 # and contrast words, where a new statement (often about another subject) begins.
 _SENTENCE_END = re.compile(r"(?:[!?;]|\.(?=\s|$))+|[。！？；\n]+")
+_COMMA = r"[,，、]+"
 _CLAUSE_SPLIT = re.compile(
-    r"[,:()\[\]，、：（）]+"
+    r"(" + _COMMA + r"|[:()\[\]：（）]+"
     r"|\s(?:but|while|whereas|although|though|however|yet|so|because|since|which|therefore|thus|hence)\s"
-    r"|而|但|则|却|不过|然而|所以|因为|因此|于是|从而")
+    r"|而|但|则|却|不过|然而|所以|因为|因此|于是|从而)")
 
 # What makes a mention the thing compared with rather than the subject of the clause.
 _COMPARAND = re.compile(r"(?:\b(?:than|unlike|like|compared (?:to|with)|versus|vs|as opposed to|instead of|"
                         r"rather than|same as|similar to|as with|without)\s+(?:the\s+|with\s+|a\s+|any\s+)?$)"
                         r"|(?:(?:比|相比|比起|不像|不同于|与|和|跟|像)\s*$)")
+# What makes a mention the agent of a passive verb, hence the subject: "freed by FULL_SHARD",
+# "被 FULL_SHARD 释放", "由前者释放".
+_AGENT = re.compile(r"(?:(?<![a-z0-9])by\s+(?:the\s+)?$)|(?:[被由让]\s*$)")
 
-# Negation. English cues are whole words; "no" before "sync"/"shard" is the name no_sync /
-# NO_SHARD. Chinese cues are characters, except in the words listed where they negate nothing.
+# English negation: whole words; "no" before "sync"/"shard" is the name no_sync / NO_SHARD.
 _NEG_EN = re.compile(
     r"(?<![a-z0-9])(?:not(?! only)|no(?! (?:sync|shard|matter))|never|without|nothing|none|neither|nor|"
     r"cannot|hardly|instead of|rather than|prevent\w*|avoid\w*|skip\w*|omit\w*|\w+n't|doesnt|dont|isnt|cant|wont|"
     r"arent|didnt|wasnt|werent|shouldnt|wouldnt|couldnt|hasnt|havent|neednt|mustnt)(?![a-z0-9])")
-_NEG_ZH = re.compile(r"避免|阻止|妨碍|防止|跳过|省去|省掉|免去|[不没无未非别勿]")
-_NOT_NEG_ZH = re.compile(r"不同|不仅|不只|不但|不过|不断|不管|不论|无论|非常|不少|不久|除非|未来|无关紧要|是不是|"
-                         r"要不要|能不能|会不会|并非只|未分片|非分片|"  # 未分片 is "unsharded", one word
-                         f"[{CJK}]不[下了动到起出进上完够]")  # 放不下: a complement, read after the verb
+# Chinese negation: read per word (jieba). A word is a negation when it is one of these or starts
+# with 不/没/无/未/非/别/勿 and is not a word of its own meaning (不同, 差不多 is a word already).
+_NEG_ZH_HEADS = "不没无未非别勿"
+_NEG_ZH_WORDS = {"并不", "并没有", "并没", "并非", "从不", "从没", "从未", "决不", "绝不", "毫无", "没法",
+                 "避免", "阻止", "防止", "跳过", "省去", "省掉", "免去", "用不着", "犯不着"}
+_NOT_NEG_ZH = {"不同", "不仅", "不只", "不但", "不过", "不断", "不管", "不论", "无论", "非常", "不少", "不久",
+               "除非", "未来", "无关紧要", "不一", "不等", "不一样", "无数", "非得", "别的", "别人", "不光",
+               "无非", "未必然", "不然", "要不然", "不如", "不变"}
+# 未分片 is "unsharded", one adjective
+_NOT_NEG_ZH_RE = re.compile(r"未\s?分片|非分片|是不是|要不要|能不能|会不会")
+# Verbs of omission reach their object anywhere in the clause ("省去了反向时的第二次 all-gather").
+_OMIT_ZH = {"避免", "阻止", "防止", "跳过", "省去", "省掉", "免去"}
 
 # A clause "carries a verb" when it is a statement, not a keyword list.
-_VERBS = """add allocate cross travel allow apply ask assign avoid become begin break bring build call cause change
-materialize materialise exceed explode crash deadlock communicate accumulate synchronize synchronise
-pickle serialize serialise broadcast collect concatenate combine duplicate replicate partition
-distribute spread reach wait finish participate involve matter affect lower raise double halve
-check choose compute connect contain copy cost create cut decide define depend discard divide drop
-eat end export fail fill find finish fit flush follow free gather get give go grow handle hang happen
-have help hide hold increase init initialize issue join keep kill know launch lead leave let limit
-live load lose lower make manage mean measure merge monitor move need overlap own pass pay peak pick
-prefetch prevent produce put reach read receive reduce release reload remain remove repeat replace
-require reshard restart restore resume retain return run save scale scatter see send set shard
-shrink skip slow spawn speed split start stay stop store sum support sync take tell throw track
-train trade turn update use wait want watch work wrap write""".split()
-_IRREGULAR = """held kept thrown written sent made gave given built took taken ran began begun brought
-chose chosen cut fed fit found got gotten grew grown hid hidden hung knew known led left let lost
-meant paid put read saw seen set shown split spent stood told won wrote""".split()
-_VERB_FORM = re.compile(
-    r"(?<![a-z0-9])(?:(?:" + "|".join(_VERBS) + r")(?:s|es|d|ed|ing|ped|ted|ned|ged|ded|ling|ning|ting|ping|ging)"
-    r"|" + "|".join(_IRREGULAR) + r")(?![a-z0-9])")
+_DOMAIN_VERBS = set("""shard reshard gather prefetch checkpoint broadcast sync synchronize synchronise
+all-reduce allreduce materialize materialise spawn wrap flatten unshard recompute rerun offload""".split())
 _AUX_EN = re.compile(
     r"(?<![a-z0-9])(?:is|are|was|were|be|been|being|am|has|have|had|does|do|did|can|could|will|would|"
-    r"must|should|shall|may|might|need|needs|it|they|we|you|i|both|there|which|who|because|"
-    r"to (?:" + "|".join(_VERBS) + r")|\w+n't|\w+'s|\w+'re|\w+'ll|\w+'d|cannot)(?![a-z0-9])")
+    r"must|should|shall|may|might|need|needs|it|they|we|you|i|he|she|both|there|which|who|because|"
+    r"not|never|always|also|"
+    r"\w+n't|\w+'s|\w+'re|\w+'ll|\w+'d|cannot|doesnt|dont|isnt|cant|wont|arent)(?![a-z0-9])")
+# after an ambiguous noun/verb form ("keeps", "gathers"), these say it is the verb
+_OBJECT_START = set("""the a an its their them it all each every only up out off back down into across over
+one both his her our your this that these those more less no nothing some any to in on at from with for
+after before until once twice again everything by inside within across between through""".split())
 _ZH_KEYWORD_RUN = re.compile(f"[{CJK}]\\s+[{CJK}]")
 
 
@@ -77,19 +81,52 @@ def normalise(text: str) -> str:
     return " ".join(text.split())
 
 
+@dataclass
+class Clause:
+    sentence: int
+    norm: str             # normalised (what phrasings match)
+    text: str             # as the learner wrote it (what feedback quotes)
+    after_comma: bool     # split from the previous clause of its sentence by a comma only
+    aside: bool = False   # inside brackets: a side remark, which takes no subject from before it
+
+
+def _calls_as_words(text: str) -> str:
+    """A call is a word, not a parenthesis: torch.save(model.state_dict()) -> torch.save model.state_dict."""
+    text = unicodedata.normalize("NFKC", text).replace("()", "")
+    while re.search(r"(?<=[A-Za-z0-9_])\(([^()]*)\)", text):  # ASCII identifiers only: 两倍（…） is an aside
+        text = re.sub(r"(?<=[A-Za-z0-9_])\(([^()]*)\)", r" \1", text)
+    return text
+
+
+_ABBREVIATION = re.compile(r"(?<![A-Za-z])(i\.e|e\.g|etc|vs|cf|approx)\.", re.IGNORECASE)
+
+
+def sentences(text: str) -> list:
+    """The answer's sentences, as written (stripped), empty ones dropped. 'i.e.', 'e.g.', 'etc.'
+    and 'vs.' end no sentence."""
+    text = _ABBREVIATION.sub(lambda m: m.group(1) + ",", _calls_as_words(text))
+    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
+
+
+def clauses(text: str) -> list:
+    out = []
+    for s, sentence in enumerate(sentences(text)):
+        parts = _CLAUSE_SPLIT.split(sentence)
+        sep, depth = None, 0
+        for i in range(0, len(parts), 2):
+            piece = parts[i].strip()
+            norm = normalise(piece)
+            if norm:
+                out.append(Clause(s, norm, piece, bool(sep and re.fullmatch(_COMMA, sep.strip())), depth > 0))
+            sep = parts[i + 1] if i + 1 < len(parts) else None
+            if sep:
+                depth = max(0, depth + sep.count("(") + sep.count("（") - sep.count(")") - sep.count("）"))
+    return out
+
+
 def split_clauses(text: str) -> list:
     """[(sentence_index, clause_text_normalised)] in order, empty clauses dropped."""
-    out = []
-    # a call is a word, not a parenthesis: torch.save(model.state_dict()) -> torch.save model.state_dict
-    text = unicodedata.normalize("NFKC", text).replace("()", "")
-    while re.search(r"(?<=\w)\(([^()]*)\)", text):
-        text = re.sub(r"(?<=\w)\(([^()]*)\)", r" \1", text)
-    for s, sentence in enumerate(_SENTENCE_END.split(text)):
-        for clause in _CLAUSE_SPLIT.split(sentence):
-            norm = normalise(clause)
-            if norm:
-                out.append((s, norm))
-    return out
+    return [(c.sentence, c.norm) for c in clauses(text)]
 
 
 def word_count(text: str) -> int:
@@ -98,13 +135,71 @@ def word_count(text: str) -> int:
     return len(re.findall(r"[a-z0-9']+", norm)) + len(_CJK_CHAR.findall(norm))
 
 
+def _is_verb_form(words: list, i: int) -> bool:
+    """Is words[i] an inflected verb? lemminflect's tables tell a plural ('shards': a noun only)
+    from a verb form ('frees', 'kept'); a form that can be either ('keeps', 'gathers') is the verb
+    when an object or a particle follows it ('keeps the params', 'gathers them again')."""
+    w = words[i]
+    nxt = words[i + 1] if i + 1 < len(words) else ""
+    lemmas = en_lemmas(w)
+    verb = lemmas.get("VERB", ())
+    if verb and w not in verb:  # an inflected form of a verb
+        return "NOUN" not in lemmas and "ADJ" not in lemmas or nxt in _OBJECT_START
+    prev = words[i - 1] if i else ""
+    if verb and i and prev.endswith("s") and "NOUN" in en_lemmas(prev) and prev not in en_lemmas(prev)["NOUN"]:
+        # a base form after a plural noun: 'the all-gathers happen inside', 'gradients stay sharded'
+        return "NOUN" not in lemmas or nxt in _OBJECT_START
+    if not lemmas:  # a word lemminflect does not know: a course verb with an ending ('resharded')
+        if w.startswith("un") and w.endswith("ed"):
+            return False  # 'unsharded': an adjective
+        stem = re.sub(r"(?:s|es|ed|d|ing)$", "", w)
+        return any(stem.endswith(v) or stem.rstrip(v[-1]) == v for v in _DOMAIN_VERBS) and w not in _DOMAIN_VERBS \
+            and (w.endswith(("ed", "ing")) or nxt in _OBJECT_START)
+    return False
+
+
 def carries_verb(clause: str) -> bool:
     """Is the clause a statement rather than a keyword list? English: an auxiliary, a pronoun
-    subject, '=', an inflected verb or 'to' + verb. Chinese (no inflection to go by): three
-    characters or more, not written as space-separated keywords ('释放 参数 显存')."""
+    subject, '=', or an inflected verb (lemminflect: not a plural). Chinese (no inflection to go
+    by): three characters or more, not written as space-separated keywords ('释放 参数 显存')."""
     if len(_CJK_CHAR.findall(clause)) >= 3:
         return not _ZH_KEYWORD_RUN.search(clause)
-    return bool("=" in clause or _AUX_EN.search(clause) or _VERB_FORM.search(clause))
+    if "=" in clause or _AUX_EN.search(clause):
+        return True
+    words = re.findall(r"[a-z][a-z']*", clause)
+    if re.search(r"(?<![a-z])to\s+[a-z]+", clause) and any(
+            "VERB" in en_lemmas(m) for m in re.findall(r"(?<![a-z])to\s+([a-z]+)", clause)):
+        return True
+    return any(_is_verb_form(words, i) for i in range(len(words)))
+
+
+_LIST_SEP = re.compile(r"\s*(?:[,，、/;；|+]|(?<![a-z])and(?![a-z])|和)\s*")
+
+
+def keyword_list(sentence: str) -> bool:
+    """Three or more items of at most two words (or four Chinese characters) each, separated by
+    commas, 、, slashes or spaced Chinese words, with no auxiliary and no item that is a verb
+    phrase: 'RANK, LOCAL_RANK, WORLD_SIZE, --max-restarts', '释放、参数、显存', '环境变量 rank 会合 重启'.
+    (A Chinese word is a jieba word; an identifier like LOCAL_RANK or a flag is one word.)"""
+    text = unicodedata.normalize("NFKC", sentence).strip().lower()
+    if _AUX_EN.search(normalise(text)):
+        return False
+    items = [i for i in _LIST_SEP.split(text) if i.strip()]
+    if len(items) < 3 and _ZH_KEYWORD_RUN.search(text):
+        items = text.split()  # '环境变量 rank 会合 重启'
+
+    def keyword(item):
+        ascii_words = re.findall(r"[a-z0-9][a-z0-9_\-.']*", item)
+        plain = re.findall(r"[a-z][a-z']*", normalise(item))
+        zh = [w for w, _, _ in zh_words(item) if _CJK_CHAR.search(w)]
+        short = len(ascii_words) + len(zh) <= 2 or (len(ascii_words) <= 1 and len(_CJK_CHAR.findall(item)) <= 4) \
+            or (not ascii_words and len(zh) <= 3 and len(_CJK_CHAR.findall(item)) <= 5)
+        # a one-word item is a term ('restarts'); two words with a verb form are a statement ('frees params')
+        verb = len(ascii_words) > 1 and not item.strip().startswith("-") and any(
+            _is_verb_form(plain, i) for i in range(len(plain)))
+        return short and not verb
+
+    return len(items) >= 3 and all(keyword(i) for i in items)
 
 
 # --- phrasings -----------------------------------------------------------------------------------
@@ -215,27 +310,48 @@ def phrase_error(phrase: str) -> str | None:
 # Negation reaches the statement right after it: at most 3 English words or 2 Chinese characters
 # in between ("not worth it for models so big that the unsharded gradient ..." does not deny
 # "unsharded gradient"; "梯度不分片会多占显存" does not deny 多占显存). A quantifier ("no rank",
-# 没有哪个) or a verb of omission (skip, avoid, 省去) reaches the whole clause: what it takes is
-# its object ("省去了反向时的第二次 all-gather").
+# 没有哪个) or a Chinese verb of omission (省去, 跳过) reaches the whole clause: what it takes is its
+# object ("省去了反向时的第二次 all-gather"). English "skip / avoid / prevent" reach 4 words, like a
+# negation: "skips the reduce-scatter" denies the reduce-scatter, not the rest of the clause.
 _NEG_REACH_WORDS, _NEG_REACH_CJK = 3, 2
-_NEG_QUANTIFIER = re.compile(r"没有哪个|没有任何|没有一个|并非所有|不是所有|不是每个|避免|阻止|妨碍|防止|跳过|省去|省掉|免去|"
-                             r"(?<![a-z0-9])(?:no|none of|neither|without|instead of|rather than|prevent\w*|"
-                             r"avoid\w*|skip\w*|omit\w*)(?![a-z0-9])")
+_NEG_QUANTIFIER_EN = re.compile(r"(?<![a-z0-9])(?:no|none of|neither)(?![a-z0-9])")
+_NEG_QUANTIFIER_ZH = re.compile(r"没有哪个|没有任何|没有一个|并非所有|不是所有|不是每个")
+
+
+def _zh_negations(clause: str) -> list:
+    """[(start, end, whole_clause)] of the Chinese negation words (jieba)."""
+    skip = [range(m.start(), m.end()) for m in _NOT_NEG_ZH_RE.finditer(clause)]
+    out = []
+    for word, start, end in zh_words(clause):
+        if word in _NOT_NEG_ZH or any(start in r for r in skip):
+            continue
+        if word in _NEG_ZH_WORDS or (word[0] in _NEG_ZH_HEADS and _CJK_CHAR.match(word[0])):
+            # a word that only ends in 不X (放不下, 加载不了) is a denial after the verb: _NEG_AFTER
+            out.append((start, start + 1 if word[0] in _NEG_ZH_HEADS else end, word in _OMIT_ZH))
+    return out
 
 
 def negation_cues(clause: str) -> list:
     """[(start, end, reaches_whole_clause)] of the negation cues in a normalised clause."""
-    cues = [(m.start(), m.end()) for m in _NEG_EN.finditer(clause)]
-    skip = [range(m.start(), m.end()) for m in _NOT_NEG_ZH.finditer(clause)]
-    cues += [(m.start(), m.end()) for m in _NEG_ZH.finditer(clause) if not any(m.start() in r for r in skip)]
-    quantifiers = [m.start() for m in _NEG_QUANTIFIER.finditer(clause)]
-    return sorted((s, e, s in quantifiers) for s, e in cues)
+    cues = [(m.start(), m.end(), False) for m in _NEG_EN.finditer(clause)]
+    quantifiers = {m.start() for m in _NEG_QUANTIFIER_EN.finditer(clause)} | \
+                  {m.start() for m in _NEG_QUANTIFIER_ZH.finditer(clause)}
+    cues = [(s, e, s in quantifiers) for s, e, _ in cues]
+    cues += [(s, e, whole or s in quantifiers) for s, e, whole in _zh_negations(clause)]
+    return sorted(cues)
+
+
+_COMPARATOR = re.compile(r"instead of|rather than")
+_CONDITION_NEXT = re.compile(r"\s(?:when|if|unless|for|in case)(?![a-z])|\s?(?:当|如果)")
+_CAUSATIVE = re.compile(r"\s?(?:会|能|)\s?(?:让|使|令|叫)|\s?(?:let|make|allow|have|cause)s?\s")
 
 
 def _reaches(clause: str, cue_end: int, start: int) -> bool:
     between = clause[cue_end:start]
-    return (len(re.findall(r"[a-z0-9']+", between)) <= _NEG_REACH_WORDS
-            and len(_CJK_CHAR.findall(between)) <= _NEG_REACH_CJK)
+    if _CAUSATIVE.match(between):  # "不会让每个 rank 保留 ...", "does not let each rank keep ...": all of it
+        return True
+    words = len(re.findall(r"[a-z0-9']+", between))
+    return words <= _NEG_REACH_WORDS and len(_CJK_CHAR.findall(between)) <= _NEG_REACH_CJK
 
 
 @dataclass
@@ -244,6 +360,7 @@ class Mention:
     start: int
     end: int
     comparand: bool
+    agent: bool = False
 
 
 def subject_mentions(clause: str, subjects: dict) -> list:
@@ -252,7 +369,9 @@ def subject_mentions(clause: str, subjects: dict) -> list:
     for name, phrasings in subjects.items():
         for p in phrasings:
             for m in compile_phrase(p).finditer(clause):
-                found.append(Mention(name, m.start(), m.end(), bool(_COMPARAND.search(clause[:m.start()]))))
+                before = clause[:m.start()]
+                found.append(Mention(name, m.start(), m.end(), bool(_COMPARAND.search(before)),
+                                     bool(_AGENT.search(before))))
     found.sort(key=lambda m: (m.start, -(m.end - m.start)))
     kept, last_end = [], -1
     for m in found:
@@ -263,7 +382,11 @@ def subject_mentions(clause: str, subjects: dict) -> list:
 
 
 def resolve_subject(mentions: list, start: int, end: int, inherited):
-    """(subject name or None, offset after which a negation counts, named in this clause?)."""
+    """(subject name or None, offset after which a negation counts, named in this clause?).
+    The agent of a passive ('freed by FULL_SHARD', '被前者释放') is the subject wherever it stands."""
+    agents = [m for m in mentions if m.agent and not m.comparand]
+    if agents:
+        return agents[0].name, min(agents[0].end, start), True
     before = [m for m in mentions if m.end <= start and not m.comparand]
     if before:
         return before[-1].name, before[-1].end, True
@@ -280,10 +403,14 @@ def resolve_subject(mentions: list, start: int, end: int, inherited):
 
 @dataclass
 class Reading:
-    supported: dict = field(default_factory=dict)        # claim id -> the clause that states it
-    misconceptions: list = field(default_factory=list)   # [(id, {en, zh} message, clause)]
+    supported: dict = field(default_factory=dict)        # claim id -> the learner's clause that states it
+    misconceptions: list = field(default_factory=list)   # [(id, {en, zh} what is true instead, learner's clause)]
+    unread: list = field(default_factory=list)           # learner's sentences about the topic that nothing read
+    neutral: list = field(default_factory=list)          # ids of known neutral remarks made
     clauses: int = 0
     verb_clauses: int = 0
+    stated_sentences: int = 0
+    topical: int = 0                                     # clauses that talk about the question's topic
     words: int = 0
     trace: list = field(default_factory=list)            # one line per match, for authors
 
@@ -297,9 +424,9 @@ def _phrasings(says: dict) -> list:
 _AND = re.compile(r"\sand\s|并且|并")
 # Denials that follow the verb: Chinese potential complements (加载不了 cannot load, 放不下) and
 # English 'X is disabled'.
-_NEG_AFTER = re.compile(r"\s?(?:不了|不下|不动|不到|不起|不出|不成|不上|不进)"
-                           r"|\s(?:is|are|gets|get|becomes|become|was|were) (?:disabled|turned off|impossible|lost|"
-                           r"broken|gone|blocked|not possible)(?![a-z0-9])")
+_NEG_AFTER = re.compile(r"\s?(?:不了|不下|不动|不到|不起|不出|不成|不上|不进|不回)"
+                        r"|\s(?:is|are|gets|get|becomes|become|was|were) (?:disabled|turned off|impossible|lost|"
+                        r"broken|gone|blocked|not possible)(?![a-z0-9])")
 
 
 def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
@@ -313,6 +440,10 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
         target = min((a for a, _ in literal if a >= c_end), default=match.end())
         if _AND.search(clause, c, target) or not (whole or _reaches(clause, c_end, target)):
             continue
+        if _COMPARATOR.fullmatch(clause, c, c_end) and any(a < c for a, _ in literal):
+            continue  # "costs 4P instead of 4P/N of memory": 'instead of' inside the phrasing takes its own object
+        if _CONDITION_NEXT.match(clause, c_end):
+            continue  # "not when the gradient doesn't fit": it denies the verdict, not the condition
         cues.append(c)
     after = _NEG_AFTER.match(clause, match.end())
     return (len(cues) + bool(after)) % 2 == 0
@@ -321,6 +452,10 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
 # An infinitive of purpose ("to save ... and load on another world size, you need ...") states
 # nothing about whether the thing works.
 _PURPOSE = re.compile(r"(?:^|(?<![a-z0-9]))(?:to|in order to)\s$|^(?:to|in order to|为了)\s")
+
+
+_CONDITION_BEFORE = re.compile(r"(?:要用|要在|想|为了|如果|若|要是|以后要|(?<![a-z0-9])(?:if|when) you (?:want|need) to)\s?\S{0,2}$")
+_CONDITION_AFTER = re.compile(r"\s?(?:还|就|也|)\s?(?:需要|要|得|必须|离不开)|\s(?:needs?|requires?|you need|you must|must|only works with)(?![a-z0-9])")
 
 
 def _find(clause: str, phrasings: list):
@@ -335,71 +470,168 @@ def _find(clause: str, phrasings: list):
     return best
 
 
+def _topic_phrasings(secret: dict) -> list:
+    out = _phrasings(secret.get("topic", {}))
+    for s in secret.get("subjects", {}).values():
+        out += _phrasings(s)
+    return out
+
+
+def is_topical(clause: str, secret: dict) -> bool:
+    """Does the clause talk about the question's topic (its `topic` words or a subject)?"""
+    return any(compile_phrase(p).search(clause) for p in _topic_phrasings(secret))
+
+
+def _read_clause(norm: str, secret: dict, subjects: dict, owners: set, inherited, trace: list) -> tuple:
+    """([(kind, key, message)], accounted?) for one clause. kind: 'supports' (key = claim id),
+    'wrong' (key = (id, form index, which); message = what is true instead), 'neutral'."""
+    events, accounted = [], False
+    mentions = subject_mentions(norm, subjects)
+    for claim in secret["claims"]:
+        found = [(f_index, form, m) for f_index, form in enumerate(claim["forms"])
+                 for m in [_find(norm, _phrasings(form["says"]))] if m]
+        for f_index, form, m in found:
+            if any(o is not m and o.start() < m.end() and m.start() < o.end()
+                   and (o.start(), -o.end()) < (m.start(), -m.end()) for _, _, o in found):
+                continue  # another form of this claim reads these words first (or reads more of them)
+            if form.get("negated") and (_PURPOSE.search(norm[:m.start()]) or _CONDITION_BEFORE.search(norm[:m.start()])
+                                        or _CONDITION_AFTER.match(norm, m.end())):
+                accounted = True
+                # "to load on another world size, you need ...", "换 world size 加载还需要元数据":
+                # a purpose or a condition, not a statement that it works
+                continue
+            subject, anchor, named = resolve_subject(mentions, m.start(), m.end(), inherited)
+            want, rival = form.get("subject"), form.get("rival")
+            if want and (subject is None or subject not in (want, rival)):
+                continue  # a statement about something else (or about nobody named)
+            if not want and named and subject in owners and subject != rival:
+                continue  # a form about the topic at large does not read a clause about a subject with claims of its own
+            affirmed = _polarity(norm, m, anchor)
+            swapped = subject is not None and subject == rival
+            # each of denial, a form true only when denied, and the rival subject flips it
+            true = affirmed ^ bool(form.get("negated")) ^ swapped
+            if true and swapped and form.get("own_subject") and not any(
+                    mm.comparand and mm.name == want for mm in mentions):  # "unlike DDP, FSDP does not ..." names both
+                # "FSDP does not broadcast" is true, but says nothing of what DDP does
+                trace.append(f"[{norm}] {claim['id']}#{f_index + 1} {m.group(0)!r} denied of the rival: read, not credited")
+                accounted = True
+                continue
+            trace.append(f"[{norm}] {claim['id']}#{f_index + 1} {m.group(0)!r} "
+                         f"subject={subject} {'affirmed' if affirmed else 'denied'} -> "
+                         f"{'supports' if true else 'ignored (one way)' if form.get('one_way') else 'MISCONCEPTION'}")
+            accounted = True
+            if not true and form.get("one_way"):
+                continue  # a condition, not a claim: denying it says nothing false
+            if true:
+                events.append(("supports", claim["id"], None))
+            elif swapped and "swapped" in form:
+                events.append(("wrong", (claim["id"], f_index, "swapped"), form["swapped"]))
+            else:
+                events.append(("wrong", (claim["id"], f_index, "wrong"), form["wrong"]))
+    for mis in secret.get("misconceptions", []):
+        m = _find(norm, _phrasings(mis["says"]))
+        if not m:
+            continue
+        subject, anchor, _ = resolve_subject(mentions, m.start(), m.end(), inherited)
+        if mis.get("subject") and subject != mis["subject"]:
+            continue
+        affirmed = _polarity(norm, m, anchor)
+        trace.append(f"[{norm}] misconception {mis['id']} {m.group(0)!r} subject={subject} "
+                     f"{'affirmed' if affirmed else 'denied'}")
+        accounted = True
+        if affirmed:
+            events.append(("wrong", (mis["id"], -1, "wrong"), mis["wrong"]))
+    for remark in secret.get("neutral", []):
+        m = _find(norm, _phrasings(remark["says"]))
+        if m:
+            trace.append(f"[{norm}] neutral remark {remark['id']} {m.group(0)!r}")
+            events.append(("neutral", remark["id"], None))
+            accounted = True
+    return events, accounted
+
+
+_REMEDY = re.compile(r"(?:the |to |)(?:fix|fixes|solution|solutions|remedy|workaround|you can fix|to avoid)(?![a-z])|修法|解决|修复|办法|改法|正确做法")
+_COUNTERFACTUAL = re.compile(r"(?:if (?:you |we |one |)(?:do not|don't|dont|didn't|never|skip)|if not|without|with no|otherwise|"
+                            r"else|if there is no|when there is no)(?![a-z])|如果不|若不|要是不|不按|不设|不用|没有设|否则|不然")
+_BOTH = re.compile(r"(?<![a-z0-9])(?:both|neither|either of them|the two)(?![a-z0-9])|两者|二者|两种|两个策略|它们都")
+
+
 def read_answer(text: str, secret: dict) -> Reading:
     subjects = {name: _phrasings(s) for name, s in secret.get("subjects", {}).items()}
     owners = {f["subject"] for c in secret["claims"] for f in c["forms"] if f.get("subject")}
     reading = Reading(words=word_count(text))
-    inherited = None
     seen_wrong = set()
+    sentence_text = sentences(text)
+    all_clauses = clauses(text)
+    # a sentence is a statement when one of its clauses carries a verb and it is not a keyword
+    # list ('rank, local_rank, world_size', '释放、参数、显存')
+    lists = {s for s, sent in enumerate(sentence_text) if keyword_list(sent)}
+    stated = {c.sentence for c in all_clauses if carries_verb(c.norm)} - lists
+    reading.stated_sentences = len(stated)
 
-    def wrong(key, message, clause):
-        if key not in seen_wrong:
-            seen_wrong.add(key)
-            reading.misconceptions.append((key[0], message, clause))
+    def apply(events, quote):
+        for kind, key, message in events:
+            if kind == "supports":
+                reading.supported.setdefault(key, quote)
+            elif kind == "neutral":
+                if key not in reading.neutral:
+                    reading.neutral.append(key)
+            elif key not in seen_wrong:
+                seen_wrong.add(key)
+                reading.misconceptions.append((key[0], message, quote))
 
-    clauses = split_clauses(text)
-    # a sentence is a statement when one of its clauses carries a verb; keyword lists have none
-    stated = {s for s, clause in clauses if carries_verb(clause)}
-    for s, clause in clauses:
+    inherited, prev_inherited, unread, read_sentences = None, None, [], set()
+    # a sentence of remedies ("Fixes: a broadcast before wrapping", "修法就是 ...") says what to do,
+    # not what the subjects named before it do
+    remedies = {s for s, sent in enumerate(sentence_text) if _REMEDY.match(normalise(sent))}
+    # a sentence about the alternative ("If you don't wrap per block, nothing is freed until ...",
+    # "不按 block 包，算完之前一个参数都不会被释放") denies what the alternative does not do: what it
+    # states is credited, what it denies is no misconception
+    otherwise = {s for s, sent in enumerate(sentence_text) if _COUNTERFACTUAL.match(normalise(sent))}
+    for i, c in enumerate(all_clauses):
         reading.clauses += 1
-        mentions = subject_mentions(clause, subjects)
-        verb = s in stated
+        verb = c.sentence in stated
         reading.verb_clauses += verb
         if not verb:
-            reading.trace.append(f"[{clause}] no verb in its sentence: not read")
-        if verb:
-            for claim in secret["claims"]:
-                found = [(f_index, form, m) for f_index, form in enumerate(claim["forms"])
-                         for m in [_find(clause, _phrasings(form["says"]))] if m]
-                for f_index, form, m in found:
-                    if any(o is not m and o.start() < m.end() and m.start() < o.end()
-                           and (o.start(), -o.end()) < (m.start(), -m.end()) for _, _, o in found):
-                        continue  # another form of this claim reads these words first (or reads more of them)
-                    if form.get("negated") and _PURPOSE.search(clause[:m.start()]):
-                        continue  # "to load on another world size, you need ...": a purpose, not a statement
-                    subject, anchor, named = resolve_subject(mentions, m.start(), m.end(), inherited)
-                    want, rival = form.get("subject"), form.get("rival")
-                    if want and (subject is None or subject not in (want, rival)):
-                        continue  # a statement about something else (or about nobody named)
-                    if not want and named and subject in owners and subject != rival:
-                        continue  # a form about the topic at large does not read a clause about a subject with claims of its own
-                    affirmed = _polarity(clause, m, anchor)
-                    swapped = subject is not None and subject == rival
-                    # each of denial, a form true only when denied, and the rival subject flips it
-                    true = affirmed ^ bool(form.get("negated")) ^ swapped
-                    reading.trace.append(f"[{clause}] {claim['id']}#{f_index + 1} {m.group(0)!r} "
-                                         f"subject={subject} {'affirmed' if affirmed else 'denied'} -> "
-                                         f"{'supports' if true else 'ignored (one way)' if form.get('one_way') else 'MISCONCEPTION'}")
-                    if not true and form.get("one_way"):
-                        continue  # a condition, not a claim: denying it says nothing false
-                    if true:
-                        reading.supported.setdefault(claim["id"], clause)
-                    elif swapped and "swapped" in form:
-                        wrong((claim["id"], f_index, "swapped"), form["swapped"], clause)
-                    else:
-                        wrong((claim["id"], f_index, "wrong"), form["wrong"], clause)
-            for mis in secret.get("misconceptions", []):
-                m = _find(clause, _phrasings(mis["says"]))
-                if not m:
-                    continue
-                subject, anchor, _ = resolve_subject(mentions, m.start(), m.end(), inherited)
-                if mis.get("subject") and subject != mis["subject"]:
-                    continue
-                reading.trace.append(f"[{clause}] misconception {mis['id']} {m.group(0)!r} subject={subject} "
-                                     f"{'affirmed' if _polarity(clause, m, anchor) else 'denied'}")
-                if _polarity(clause, m, anchor):
-                    wrong((mis["id"], -1, "wrong"), mis["wrong"], clause)
-        named = [m for m in mentions if not m.comparand]
+            reason = "a keyword list" if c.sentence in lists else "no verb in its sentence"
+            reading.trace.append(f"[{c.norm}] {reason}: not read")
+            named = [m for m in subject_mentions(c.norm, subjects) if not m.comparand]
+            inherited = named[-1].name if named else inherited
+            continue
+        # a side remark in brackets, or a clause about both ("两者都...", "both keep ...", "neither"),
+        # takes no subject from before it
+        clause_inherited = None if c.aside or c.sentence in remedies or _BOTH.search(c.norm) else inherited
+        events, accounted = _read_clause(c.norm, secret, subjects, owners, clause_inherited, reading.trace)
+        prev = all_clauses[i - 1] if i else None
+        if not accounted and prev is not None and prev.sentence == c.sentence and c.after_comma:
+            # a statement split by a comma ("FULL_SHARD 在前向之后，会释放参数"): read the two together
+            joined = f"{prev.norm} {c.norm}"
+            events, _ = _read_clause(joined, secret, subjects, owners, prev_inherited, reading.trace)
+            # what the two clauses state together is credited; a misconception is never built
+            # out of two clauses (a '...' gap across the comma reads words that do not belong together)
+            events = [e for e in events if e[0] != "wrong"]
+            accounted = bool(events)
+            apply(events, f"{prev.text}, {c.text}")
+        elif c.sentence in otherwise:  # a misconception entry is false whatever the sentence is about
+            apply([e for e in events if e[0] != "wrong" or e[1][1] == -1], c.text)
+        else:
+            apply(events, c.text)
+        topical = is_topical(c.norm, secret)
+        reading.topical += topical
+        if accounted:
+            read_sentences.add(c.sentence)
+        elif topical and carries_verb(c.norm):
+            reading.trace.append(f"[{c.norm}] about the topic, but nothing the question knows")
+            if c.sentence not in unread:
+                unread.append(c.sentence)
+        named = [m for m in subject_mentions(c.norm, subjects) if not m.comparand]
+        prev_inherited = clause_inherited
         if named:
             inherited = named[-1].name
+    # a sentence is read when one of its clauses was: its other clauses elaborate on what it says
+    # (a false one among them is still a misconception); a sentence about the topic of which no
+    # clause could be read is unread
+    reading.unread = [sentence_text[s] for s in unread if s not in read_sentences]
+    for s in reading.unread:
+        reading.trace.append(f"[{s}] UNREAD: about the topic, and no clause of it matches what the question knows")
     return reading

@@ -24,6 +24,7 @@ examples:
   python -m quizzes seal /tmp/l1.json             # writes quizzes/banks/lesson1.json
   python -m quizzes explain lesson1 q_full_vs_shard_grad_op "FULL_SHARD frees ..."
   python -m quizzes corpus tests/data/quiz_corpus/lesson1.json
+  python -m quizzes report                        # open-answer grader: tuning corpus and held-out set
 
 answers file for `grade` (JSON):
   {"lesson": "lesson1", "lang": "en",
@@ -68,8 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("qid")
     e.add_argument("answer")
     e.add_argument("--lang", choices=LANGS, default="en")
-    c = sub.add_parser("corpus", help="authoring: grade labelled corpora, precision / recall per question")
+    c = sub.add_parser("corpus", help="authoring: grade labelled corpora, list every answer graded against its label")
     c.add_argument("files", nargs="+", metavar="CORPUS_FILE")
+    r = sub.add_parser("report", help="the open-answer grader's confusion matrices and targets on labelled answer sets")
+    r.add_argument("sets", nargs="*", metavar="CORPUS_DIR",
+                   help="folders (or files) of labelled answers, each reported on its own "
+                        "(default: tests/data/quiz_corpus and tests/data/quiz_heldout)")
     return p
 
 
@@ -311,6 +316,7 @@ def cmd_grade(args) -> int:
     if args.json:
         rows = [{"id": q.id, "answered": q.id in results,
                  "correct": results[q.id].correct if q.id in results else False,
+                 "verdict": results[q.id].verdict if q.id in results else None,
                  "score": results[q.id].score if q.id in results else 0.0,
                  "feedback": results[q.id].feedback if q.id in results else ""} for q in bank.graded()]
         print(json.dumps({"lesson": bank.lesson, "lang": lang, "correct": right, "total": total,
@@ -321,7 +327,7 @@ def cmd_grade(args) -> int:
             if r is None:
                 print(f"{msg('tag_unanswered', lang)} {q.id}")
                 continue
-            print(f"{msg('tag_correct' if r.correct else 'tag_wrong', lang)} {q.id} ({r.score:.2f})")
+            print(f"{msg('tag_' + r.verdict, lang)} {q.id} ({r.score:.2f})")
             print("    " + r.feedback.replace("\n", "\n    "))
         print(msg("total", lang, right=right, total=total, score=score))
     sys.stdout.flush()  # the results are out before anything can go wrong with recording them
@@ -365,21 +371,43 @@ def cmd_explain(args) -> int:
 
 
 def cmd_corpus(args) -> int:
-    """Exit 0 when every label holds, 1 when some answer is graded against its label."""
+    """Exit 0 when no answer is graded against its label, 1 otherwise (a right answer graded
+    unsure is not against its label: the learner marks it)."""
     ok = True
-    for path in args.files:
-        for m in corpus.measure(path):
-            print(m.line())
-            for item, result in m.mislabelled:
-                ok = False
-                print(f"  labelled {item['label']} ({item['kind']}, {item['lang']}), graded "
-                      f"{'correct' if result.correct else 'wrong'}: {item['answer']}")
-                print(f"    found {result.details['found']}, misconceptions {result.details['misconceptions']}")
+    for g in corpus.grade_corpus(args.files):
+        label, verdict = g.item["label"], g.verdict
+        if verdict == label or (label == "correct" and verdict == "unsure"):
+            continue
+        ok = False
+        print(f"{g.lesson} {g.qid}: labelled {label} ({g.item['kind']}, {g.item['lang']}), graded {verdict}: "
+              f"{g.item['answer']}")
+        d = g.result.details
+        print(f"    found {d['found']}, missing {d['missing']}, false {[f['quote'] for f in d['false']]}, "
+              f"unread {d['unread']}")
+    print("every label holds" if ok else "some answers are graded against their label")
+    return 0 if ok else 1
+
+
+REPORT_SETS = ("tests/data/quiz_corpus", "tests/data/quiz_heldout")
+
+
+def cmd_report(args) -> int:
+    """Exit 0 when every set meets the targets, 1 when one does not."""
+    root = Path(__file__).resolve().parent.parent
+    sets = args.sets or [str(root / s) for s in REPORT_SETS if (root / s).is_dir()]
+    if not sets:
+        raise QuizError("no labelled answer sets found: name a folder of corpus files")
+    ok = True
+    for s in sets:
+        text, met = corpus.report(corpus.grade_corpus([s]), s)
+        print(text + "\n")
+        ok &= met
     return 0 if ok else 1
 
 
 COMMANDS = {"list": cmd_list, "take": cmd_take, "grade": cmd_grade, "progress": cmd_progress,
-            "seal": cmd_seal, "unseal": cmd_unseal, "explain": cmd_explain, "corpus": cmd_corpus}
+            "seal": cmd_seal, "unseal": cmd_unseal, "explain": cmd_explain, "corpus": cmd_corpus,
+            "report": cmd_report}
 
 
 def main(argv=None) -> int:

@@ -1,46 +1,31 @@
-"""Labelled corpora of learner answers: grade each answer, compare with its label, measure.
+"""Labelled corpora of learner answers: grade each answer, compare the verdict with its label.
 
 A corpus file (README: "Labelled corpus") lists, per open question, answers labelled correct or
-wrong. `measure` grades them all with the one grader and returns precision and recall per
-question (positive = graded correct), plus every answer graded against its label.
+wrong. `grade_corpus` grades them all with the one grader; `Matrix` counts label x verdict
+(correct / wrong / unsure), per kind of answer and per language; `TARGETS` are the bars an
+answer set nobody tuned the rules to must meet (issue 21), checked by `python -m quizzes report`.
 """
 from __future__ import annotations
 
 import json
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .bank import QuizError, load_bank
-from .grading import grade_question
+from .grading import VERDICTS, grade_question
 
 LABELS = ("correct", "wrong")
 # wrong answers of these kinds state something false: the feedback must name it
-NAMES_A_MISCONCEPTION = ("swapped", "negated", "fine", "partial")
+NAMES_A_MISCONCEPTION = ("swapped", "negated", "fine")
 
-
-@dataclass
-class Measured:
-    lesson: str
-    qid: str
-    correct: int = 0
-    wrong: int = 0
-    true_pos: int = 0
-    false_pos: int = 0
-    false_neg: int = 0
-    mislabelled: list = field(default_factory=list)  # (item, Result)
-
-    @property
-    def precision(self) -> float:
-        graded_correct = self.true_pos + self.false_pos
-        return self.true_pos / graded_correct if graded_correct else 1.0
-
-    @property
-    def recall(self) -> float:
-        return self.true_pos / self.correct if self.correct else 1.0
-
-    def line(self) -> str:
-        return (f"{self.lesson} {self.qid}: {self.correct} correct + {self.wrong} wrong answers, "
-                f"precision {self.precision:.2f}, recall {self.recall:.2f}")
+# (name, label, verdict, at most / at least, fraction)
+TARGETS = [
+    ("wrong graded correct", "wrong", "correct", "max", 0.02),
+    ("right graded wrong", "correct", "wrong", "max", 0.05),
+    ("right graded unsure", "correct", "unsure", "max", 0.30),
+    ("wrong graded wrong", "wrong", "wrong", "min", 0.60),
+]
 
 
 def read_corpus(path) -> dict:
@@ -53,6 +38,8 @@ def read_corpus(path) -> dict:
             or not isinstance(data.get("lesson"), str):
         raise QuizError(f"corpus {path}: an object with 'lesson' and 'questions' (id -> list of answers)")
     for qid, items in data["questions"].items():
+        if not isinstance(items, list):
+            raise QuizError(f"corpus {path}: {qid} needs a list of answers")
         for i, item in enumerate(items):
             if not (isinstance(item, dict) and item.get("label") in LABELS and item.get("lang") in ("en", "zh")
                     and isinstance(item.get("answer"), str) and isinstance(item.get("kind"), str)):
@@ -61,23 +48,114 @@ def read_corpus(path) -> dict:
     return data
 
 
-def measure(path) -> list:
-    data = read_corpus(path)
-    bank = load_bank(data["lesson"])
+def corpus_files(paths) -> list:
+    """Corpus files from files and folders (a folder: its *.json, sorted)."""
     out = []
-    for qid, items in data["questions"].items():
-        q = bank.question(qid)
-        m = Measured(bank.lesson, qid)
-        for item in items:
-            result = grade_question(q, item["answer"], item["lang"])
-            good = item["label"] == "correct"
-            m.correct += good
-            m.wrong += not good
-            m.true_pos += good and result.correct
-            m.false_pos += (not good) and result.correct
-            m.false_neg += good and not result.correct
-            if result.correct != good or (item["kind"] in NAMES_A_MISCONCEPTION and not good
-                                          and not result.details.get("misconceptions")):
-                m.mislabelled.append((item, result))
-        out.append(m)
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(p.glob("*.json"))
+            if not found:
+                raise QuizError(f"no corpus files (*.json) in {p}")
+            out += found
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise QuizError(f"corpus {p} not found")
     return out
+
+
+@dataclass
+class Graded:
+    lesson: str
+    qid: str
+    item: dict
+    result: object
+
+    @property
+    def verdict(self) -> str:
+        return self.result.verdict
+
+
+def grade_corpus(paths) -> list:
+    out = []
+    for path in corpus_files(paths):
+        data = read_corpus(path)
+        bank = load_bank(data["lesson"])
+        for qid, items in data["questions"].items():
+            q = bank.question(qid)
+            if q.type != "open":
+                raise QuizError(f"corpus {path}: {qid} is not an open question")
+            for item in items:
+                out.append(Graded(bank.lesson, qid, item, grade_question(q, item["answer"], item["lang"])))
+    return out
+
+
+@dataclass
+class Matrix:
+    """label x verdict counts."""
+    counts: Counter = field(default_factory=Counter)
+
+    def add(self, label, verdict):
+        self.counts[label, verdict] += 1
+
+    def n(self, label) -> int:
+        return sum(self.counts[label, v] for v in VERDICTS)
+
+    def rate(self, label, verdict) -> float:
+        return self.counts[label, verdict] / self.n(label) if self.n(label) else 0.0
+
+    def rows(self) -> list:
+        return [(label, [self.counts[label, v] for v in VERDICTS]) for label in LABELS if self.n(label)]
+
+
+def matrices(graded: list) -> dict:
+    """{"all": Matrix, "kind": {(label, kind): Matrix}, "lang": {lang: Matrix}, "question": {...}}"""
+    out = {"all": Matrix(), "kind": defaultdict(Matrix), "lang": defaultdict(Matrix), "question": defaultdict(Matrix)}
+    for g in graded:
+        label = g.item["label"]
+        out["all"].add(label, g.verdict)
+        out["kind"][label, g.item["kind"]].add(label, g.verdict)
+        out["lang"][g.item["lang"]].add(label, g.verdict)
+        out["question"][f"{g.lesson} {g.qid}"].add(label, g.verdict)
+    return out
+
+
+def targets(matrix: Matrix) -> list:
+    """[(name, measured fraction, bound, 'max'/'min', passed)]"""
+    out = []
+    for name, label, verdict, how, bound in TARGETS:
+        r = matrix.rate(label, verdict)
+        out.append((name, r, bound, how, r <= bound if how == "max" else r >= bound))
+    return out
+
+
+def report(graded: list, title: str) -> tuple:
+    """(text, all targets met?) for one answer set."""
+    m = matrices(graded)
+    lines = [f"== {title}: {len(graded)} answers", "",
+             f"{'':32}{'correct':>9}{'wrong':>8}{'unsure':>8}{'n':>6}"]
+
+    def row(name, mat, label):
+        c = [mat.counts[label, v] for v in VERDICTS]
+        lines.append(f"{name:32}{c[0]:>9}{c[1]:>8}{c[2]:>8}{sum(c):>6}")
+
+    for label in LABELS:
+        row(f"{label} (all)", m["all"], label)
+    lines += ["", "per kind (label/kind):"]
+    for (label, kind), mat in sorted(m["kind"].items()):
+        row(f"  {label}/{kind}", mat, label)
+    lines += ["", "per language:"]
+    for lang, mat in sorted(m["lang"].items()):
+        for label in LABELS:
+            row(f"  {lang} {label}", mat, label)
+    lines += ["", "per question:"]
+    for name, mat in sorted(m["question"].items()):
+        for label in LABELS:
+            row(f"  {name} {label}", mat, label)
+    lines += ["", "targets:"]
+    ok = True
+    for name, r, bound, how, passed in targets(m["all"]):
+        ok &= passed
+        lines.append(f"  {name:24} {100 * r:5.1f}%  ({'at most' if how == 'max' else 'at least'} "
+                     f"{100 * bound:.0f}%)  {'pass' if passed else 'FAIL'}")
+    return "\n".join(lines), ok

@@ -214,6 +214,42 @@ def too_short(text: str) -> bool:
     return words < MIN_WORDS
 
 
+def key_ideas(secret: dict) -> list:
+    """The question's key ideas: [{"id", "label", "claims": [claim ids]}]. A key idea is met when
+    any of its claims is stated the right way (two ways of saying one thing: "FULL_SHARD gathers
+    again in backward" or "SHARD_GRAD_OP uses more memory" both state the trade-off). Without
+    `key_ideas` every claim is a key idea of its own. A claim in no key idea is a supporting idea:
+    credited, and it reads its sentence, but an answer is complete without it."""
+    if "key_ideas" in secret:
+        return secret["key_ideas"]
+    return [{"id": c["id"], "label": c["label"], "claims": [c["id"]]} for c in secret["claims"]]
+
+
+def open_verdict(reading, secret: dict, short: bool) -> tuple:
+    """(verdict, reason). `correct` only when the whole answer was read and is right: a statement,
+    long enough, no misconception, every key idea, and no sentence about the topic left unread.
+    A sentence the grader cannot read makes it at best `unsure` (never `correct`)."""
+    ideas = key_ideas(secret)
+    met = [k for k in ideas if any(c in reading.supported for c in k["claims"])]
+    if short:
+        return "wrong", "too_short"
+    if reading.stated_sentences == 0:
+        return "wrong", "no_statement"
+    if reading.misconceptions:
+        return "wrong", "misconception"
+    if reading.unread and not reading.supported:
+        # nothing it read states any idea of the question: whatever the unread sentences say,
+        # the answer does not give the key ideas in a form anyone could check
+        return "wrong", "off_topic"
+    if reading.unread:
+        return "unsure", "unread"
+    if len(met) == len(ideas):
+        return "correct", "complete"
+    if reading.supported:
+        return "wrong", "partial"
+    return "wrong", "off_topic"
+
+
 def _grade_open(q: Question, answer, lang: str) -> Result:
     if not isinstance(answer, str):
         raise AnswerError("open_type", qid=q.id, kind=type(answer).__name__)
@@ -221,40 +257,36 @@ def _grade_open(q: Question, answer, lang: str) -> Result:
         raise AnswerError("open_long", qid=q.id, n=len(answer), limit=MAX_OPEN_CHARS)
     s = q.secret
     reading = claims.read_answer(answer, s)
+    keys = key_ideas(s)
     found = [c for c in s["claims"] if c["id"] in reading.supported]
-    missed = [c for c in s["claims"] if c["id"] not in reading.supported]
-    k, n = s["min_claims"], len(s["claims"])
-    weight = sum(c.get("weight", 1) for c in found)  # a central claim may count for two
+    missing = [k for k in keys if not any(c in reading.supported for c in k["claims"])]
     short = too_short(answer)
-    statement = reading.verb_clauses > 0
-    wrongs = reading.misconceptions
-    correct = weight >= k and not wrongs and not short and statement
-    score = min(1.0, max(0, weight - len(wrongs)) / k)
-    if not correct:
-        score = min(score, 0.5)
+    verdict, reason = open_verdict(reading, s, short)
+    met = len(keys) - len(missing)
+    score = 1.0 if verdict == "correct" else round(0.5 * max(0, met - len(reading.misconceptions)) / len(keys), 4)
+    false = [{"quote": quote, "fix": fix[lang], "id": cid} for cid, fix, quote in reading.misconceptions]
 
     def bullets(items):
-        return "\n".join(f"- {i['label'][lang]}" for i in items) or f"- {msg('none', lang)}"
+        return [f"- {i}" for i in items] or [f"- {msg('none', lang)}"]
 
-    lines = [msg("correct" if correct else "wrong", lang)]
-    if wrongs:
-        lines.append(msg("misconception", lang))
-        lines += [f"- {text[lang]}" for _, text, _ in wrongs]
-    if short:
-        lines.append(msg("too_short", lang))
-    elif not statement:
-        lines.append(msg("no_statement", lang))
-    heaviest = max(c.get("weight", 1) for c in s["claims"])
-    need = (msg("need", lang, k=k, n=n, f=weight) if heaviest == 1
-            else msg("need_weighted", lang, k=k, w=heaviest, f=weight))
-    lines += [need,
-              msg("found", lang), bullets(found),
-              msg("missed", lang), bullets(missed),
-              msg("reference", lang), s["reference"][lang]]
-    details = {"found": [c["id"] for c in found], "missed": [c["id"] for c in missed],
-               "misconceptions": [i for i, _, _ in wrongs], "too_short": short,
-               "statement": statement}
-    return Result(correct, score, "\n".join(lines), details)
+    lines = [msg(f"open_{reason}", lang)]
+    for f in false:
+        lines.append(msg("you_wrote", lang, quote=f["quote"], fix=f["fix"].rstrip(".。")))
+    lines += [msg("found", lang)] + bullets(c["label"][lang] for c in found)
+    lines += [msg("missing" if verdict != "unsure" else "not_found", lang)] + bullets(c["label"][lang] for c in missing)
+    if reading.unread:
+        lines += [msg("unread", lang)] + bullets(f"«{u}»" if lang == "en" else f"「{u}」" for u in reading.unread)
+    lines += [msg("reference", lang), s["reference"][lang]]
+    if verdict == "unsure":
+        lines += [msg("mark_yourself", lang)] + bullets(c["label"][lang] for c in keys)
+    details = {"found": [c["id"] for c in found], "missing": [k["id"] for k in missing],
+               "found_labels": [c["label"][lang] for c in found],
+               "missing_labels": [c["label"][lang] for c in missing],
+               "unread": list(reading.unread), "false": [{"quote": f["quote"], "fix": f["fix"]} for f in false],
+               "checklist": [c["label"][lang] for c in keys], "reference": s["reference"][lang],
+               "too_short": short, "statement": reading.stated_sentences > 0,
+               "misconceptions": [f["id"] for f in false], "reason": reason}
+    return Result(verdict == "correct", score, "\n".join(lines), details, verdict=verdict)
 
 
 _GRADERS = {"single": _grade_single, "multi": _grade_multi, "numeric": _grade_numeric, "open": _grade_open}

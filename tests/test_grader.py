@@ -21,25 +21,28 @@ def _bi(en, zh):
 
 
 DEMO = {
-    "min_claims": 2,
     "subjects": {A: _bi(["full shard", "the former"], ["前者"]), B: _bi(["shard grad op", "the latter"], ["后者"])},
     "claims": [
         {"id": "frees", "label": _bi("A frees params", "A 释放参数"), "forms": [
             {"subject": A, "rival": B,
              "says": _bi(["(free*|re shard*) ... (param*|weight*|them)"], ["释放"]),
-             "wrong": _bi("you wrote that A does not free them", "你写的是 A 不释放"),
-             "swapped": _bi("you wrote that B frees them; it is A", "你写的是 B 释放；释放的是 A")}]},
+             "wrong": _bi("A does free them", "A 会释放"),
+             "swapped": _bi("it is A that frees them", "释放的是 A")}]},
         {"id": "memory", "label": _bi("B uses more memory", "B 显存更多"), "forms": [
             {"subject": B, "rival": A, "says": _bi(["more memory"], ["(显存|内存) ... 更多"]),
-             "wrong": _bi("you wrote that B does not use more memory", "你写的是 B 显存不更多"),
-             "swapped": _bi("you wrote that A uses more memory; it is B", "你写的是 A 显存更多；是 B")}]},
+             "wrong": _bi("B does use more memory", "B 显存确实更多"),
+             "swapped": _bi("it is B that uses more memory", "显存更多的是 B")}]},
         {"id": "fit", "label": _bi("a full copy may not fit", "完整副本可能放不下"), "forms": [
             {"says": _bi(["rank ... (has|holds|hold) ... (whole|full) model"], ["rank ... 完整模型"]),
              "negated": True,
-             "wrong": _bi("you wrote that every rank holds the whole model", "你写的是每个 rank 都有完整模型")}]},
+             "wrong": _bi("each rank holds only a shard", "每个 rank 只有一个分片")}]},
     ],
     "misconceptions": [{"id": "same", "says": _bi(["no ... difference"], ["没有区别"]),
-                        "wrong": _bi("you wrote there is no difference", "你写的是没有区别")}],
+                        "wrong": _bi("they differ in when the parameters are freed", "两者的区别在于何时释放参数")}],
+    "key_ideas": [{"id": "frees", "label": _bi("A frees params", "A 释放参数"), "claims": ["frees"]},
+                  {"id": "memory", "label": _bi("B uses more memory", "B 显存更多"), "claims": ["memory"]}],
+    "topic": _bi(["param*", "memory", "rank*", "model"], ["参数", "显存", "模型"]),
+    "neutral": [{"id": "both_shard", "says": _bi(["both shard*"], ["都分片"])}],
     "reference": _bi("A frees the parameters after forward; B keeps them and uses more memory.",
                      "A 在前向之后释放参数；B 保留参数，显存更多。"),
 }
@@ -106,7 +109,8 @@ def test_right_subject_supports_and_pronoun_inherits():
 
 def test_swapped_subject_is_a_named_misconception():
     r = read("SHARD_GRAD_OP frees the parameters after forward.")
-    assert not r.supported and r.misconceptions[0][1]["en"] == "you wrote that B frees them; it is A"
+    assert not r.supported and r.misconceptions[0][1]["en"] == "it is A that frees them"
+    assert r.misconceptions[0][2] == "SHARD_GRAD_OP frees the parameters after forward"  # the learner's own clause
 
 
 def test_comparand_is_not_the_subject():
@@ -153,19 +157,67 @@ def test_keyword_lists_are_not_read():
 
 def test_grade_open_answer_feedback(demo_bank):
     good = quizzes.grade(demo_bank, "q_open", "FULL_SHARD frees the parameters after forward; SHARD_GRAD_OP uses more memory.")
-    assert good.correct and good.score == 1.0 and good.details["found"] == ["frees", "memory"]
+    assert good.verdict == "correct" and good.correct and good.score == 1.0 and good.details["found"] == ["frees", "memory"]
+    assert good.feedback.splitlines()[0].startswith("Correct:") and "right:" not in good.feedback.splitlines()[0]
     bad = quizzes.grade(demo_bank, "q_open", "SHARD_GRAD_OP frees the parameters after forward and it uses more memory.")
-    assert not bad.correct and bad.score < 1.0 and bad.details["misconceptions"] == ["frees"]
-    assert "you wrote that B frees them; it is A" in bad.feedback and "A frees params" in bad.feedback
+    assert bad.verdict == "wrong" and not bad.correct and bad.score < 1.0 and bad.details["misconceptions"] == ["frees"]
+    # the learner's own words, then what is true: never a canned line about the opposite
+    assert bad.details["false"] == [{"quote": "SHARD_GRAD_OP frees the parameters after forward and it uses more memory",
+                                     "fix": "it is A that frees them"}]
+    assert "You wrote: «SHARD_GRAD_OP frees the parameters after forward and it uses more memory» — in fact it is A that frees them." in bad.feedback
     zh = quizzes.grade(demo_bank, "q_open", "SHARD_GRAD_OP 在前向之后释放参数，后者显存更多。", "zh")
-    assert not zh.correct and "你写的是 B 释放；释放的是 A" in zh.feedback and "你写了不成立的说法" in zh.feedback
+    assert zh.verdict == "wrong" and "你写道：「SHARD_GRAD_OP 在前向之后释放参数」——实际上释放的是 A。" in zh.feedback
+
+
+def test_every_key_idea_is_needed(demo_bank):
+    half = quizzes.grade(demo_bank, "q_open", "FULL_SHARD frees the parameters right after the forward pass.")
+    assert half.verdict == "wrong" and half.details["missing"] == ["memory"]
+    assert half.details["missing_labels"] == ["B uses more memory"] and half.details["found_labels"] == ["A frees params"]
+    assert "Key ideas missing:\n- B uses more memory" in half.feedback
+
+
+def test_an_unread_sentence_makes_it_unsure(demo_bank):
+    text = ("FULL_SHARD frees the parameters after forward; SHARD_GRAD_OP uses more memory. "
+            "The parameters are also compressed on the model's way to disk.")
+    r = quizzes.grade(demo_bank, "q_open", text)
+    assert r.verdict == "unsure" and not r.correct and r.score < 1.0
+    assert r.details["unread"] == ["The parameters are also compressed on the model's way to disk"]
+    assert r.details["checklist"] == ["A frees params", "B uses more memory"]
+    assert r.details["reference"] == DEMO["reference"]["en"]
+    assert "could not read" in r.feedback and "mark it yourself" in r.feedback
+    # a known neutral remark is read: nothing is left over
+    r = quizzes.grade(demo_bank, "q_open", "Both shard the parameters. FULL_SHARD frees the parameters after forward; "
+                                           "SHARD_GRAD_OP uses more memory.")
+    assert r.verdict == "correct", r.details
+    # a sentence off the topic costs nothing
+    r = quizzes.grade(demo_bank, "q_open", "FULL_SHARD frees the parameters after forward; SHARD_GRAD_OP uses more memory. "
+                                           "I learned this yesterday.")
+    assert r.verdict == "correct", r.details
 
 
 def test_short_answers_and_keyword_lists_are_never_correct(demo_bank):
     r = quizzes.grade(demo_bank, "q_open", "FULL_SHARD frees them")
-    assert not r.correct and r.details["too_short"] and "too short" in r.feedback
-    r = quizzes.grade(demo_bank, "q_open", "full_shard free params, shard_grad_op more memory, zero3 zero2 etc")
-    assert not r.correct and not r.details["statement"] and "keywords" in r.feedback
+    assert r.verdict == "wrong" and r.details["too_short"] and "too short" in r.feedback
+    for text in ["full_shard free params, shard_grad_op more memory, zero3 zero2 etc",
+                 "FULL_SHARD、释放参数、SHARD_GRAD_OP、显存更多、all-gather"]:
+        r = quizzes.grade(demo_bank, "q_open", text)
+        assert r.verdict == "wrong" and not r.details["statement"] and "keywords" in r.feedback, text
+
+
+@pytest.mark.parametrize("word,verb", [("shards", False), ("params", False), ("frees", True), ("kept", True),
+                                       ("resharded", True), ("unsharded", False)])
+def test_plurals_are_not_verbs(word, verb):
+    assert claims.carries_verb(f"the {word}") is verb
+
+
+def test_chinese_negation_is_read_per_word():
+    assert not claims.negation_cues("两者差不多")          # 差不多 is one word, not 不 + 多
+    assert not claims.negation_cues("不同的 rank")
+    assert claims.negation_cues("前者不会释放参数")
+    r = read("参数被 FULL_SHARD 释放。")                  # 被: the agent is the subject
+    assert "frees" in r.supported and not r.misconceptions
+    r = read("参数被 SHARD_GRAD_OP 释放。")
+    assert [m[0] for m in r.misconceptions] == ["frees"]
 
 
 # --- bank lint ---------------------------------------------------------------------------------
@@ -181,7 +233,11 @@ def _authoring(secret):
     (lambda s: s["claims"][0]["forms"][0].update(subject="NOBODY"), "not in secret.subjects"),
     (lambda s: s["claims"][0]["forms"][0]["says"].update(en=["ranks?"]), "optional"),
     (lambda s: s["claims"][1].update(id="frees"), "unique string id"),
-    (lambda s: s.update(min_claims=9), "min_claims"),
+    (lambda s: s.update(min_claims=2), "min_claims"),
+    (lambda s: s["claims"][0].update(weight=2), "weight"),
+    (lambda s: s["claims"][0]["forms"][0].update(wrong=_bi("you wrote that A does not", "你写的是 A 不")), "what is true instead"),
+    (lambda s: s.pop("topic"), "topic"),
+    (lambda s: s["key_ideas"][0].update(claims=["nope"]), "not a claim"),
     (lambda s: s["claims"][2]["forms"][0].pop("wrong"), "'wrong' text"),
 ])
 def test_open_question_lint(change, match):
@@ -209,13 +265,13 @@ def readme_example():
     section = text[text.index("### Worked example"):]
     block = section[section.index("```json") + len("```json"):]
     question = json.loads(block[:block.index("```")])
-    table = section[section.index("| answer | correct | read as |"):]
+    table = section[section.index("| answer | verdict | read as |"):]
     rows = []
     for line in table.splitlines()[2:]:
         if not line.startswith("|"):
             break
-        answer, correct = [c.strip() for c in line.strip("|").split("|")][:2]
-        rows.append((answer, correct == "yes"))
+        answer, verdict = [c.strip() for c in line.strip("|").split("|")][:2]
+        rows.append((answer, verdict))
     return question, rows
 
 
@@ -227,10 +283,78 @@ def test_readme_worked_example(tmp_path, monkeypatch):
     folder.mkdir()
     (folder / "lessonreadme.json").write_text(bankmod.dump_bank(bankmod.from_authoring(authoring)))
     monkeypatch.setenv(bankmod.BANK_PATH_ENV, str(folder))
-    for answer, correct in rows:
+    assert {v for _, v in rows} == {"correct", "wrong", "unsure"}
+    for answer, verdict in rows:
         lang = "zh" if re.search("[\u4e00-\u9fff]", answer) else "en"
         r = quizzes.grade("lessonreadme", question["id"], answer, lang)
-        assert r.correct is correct, (answer, r.details)
+        assert r.verdict == verdict, (answer, r.details)
     r = quizzes.grade("lessonreadme", question["id"], rows[3][0])
     assert len(r.details["misconceptions"]) == 3
-    assert "you wrote that SHARD_GRAD_OP frees the parameters after forward; it is FULL_SHARD that does" in r.feedback
+    feedback = README.read_text(encoding="utf-8").split("Feedback (en), for the fourth answer:")[1].split("```")[1]
+    shown = [line for line in feedback.strip().splitlines() if not line.startswith(("- ...", "..."))]
+    assert all(line in r.feedback.splitlines() for line in shown), (shown, r.feedback)
+
+
+# --- issue 22's open-question facts (checked against the lessons) -------------------------------
+
+def test_full_state_dict_file_loads_into_a_plain_model_is_not_wrong():
+    """Classic FSDP's default FULL_STATE_DICT file is a full copy that lesson 4 loads into a plain GPT."""
+    r = quizzes.grade("lesson4", "q_why_not_torch_save",
+                      "With classic FSDP's default FULL_STATE_DICT, model.state_dict() all-gathers every unit, so the "
+                      "file is a full copy that loads into a plain model, but that collective must run on every rank "
+                      "and puts the whole model in each rank's memory.")
+    assert r.verdict != "wrong", r.feedback
+
+
+def test_per_block_wrapping_moves_more_bytes_not_the_same():
+    r = quizzes.grade("lesson2", "q_why_wrap_per_block",
+                      "Per-block wrapping reduces the number of all-gathers compared with one big unit.")
+    assert r.verdict == "wrong" and "more bytes" in r.feedback and "same bytes" not in r.feedback
+
+
+# --- the command line: verdicts in grade, the report on any folder of labelled answers ----------
+
+def test_cli_grade_shows_the_verdict(demo_bank, tmp_path, capsys):
+    from quizzes import cli
+    unsure = ("FULL_SHARD frees the parameters after forward; SHARD_GRAD_OP uses more memory. "
+              "The parameters are also compressed on the model's way to disk.")
+    answers = tmp_path / "a.json"
+    answers.write_text(json.dumps({"lesson": demo_bank, "lang": "en", "answers": {"q_open": unsure}}))
+    assert cli.main(["grade", str(answers), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["results"][0]
+    assert row["verdict"] == "unsure" and row["correct"] is False
+    assert cli.main(["grade", str(answers)]) == 0
+    out = capsys.readouterr().out
+    assert "[unsure: mark it yourself] q_open" in out and "Sentences the grader could not read:" in out
+
+
+def test_cli_report_on_a_folder(demo_bank, tmp_path, capsys):
+    from quizzes import cli
+    folder = tmp_path / "set"
+    folder.mkdir()
+    items = [{"label": "correct", "lang": "en", "kind": "right",
+              "answer": "FULL_SHARD frees the parameters after forward; SHARD_GRAD_OP uses more memory."},
+             {"label": "wrong", "lang": "en", "kind": "swapped",
+              "answer": "SHARD_GRAD_OP frees the parameters after forward and it uses more memory."}]
+    (folder / f"{demo_bank}.json").write_text(json.dumps({"lesson": demo_bank, "questions": {"q_open": items}}))
+    assert cli.main(["report", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"correct \(all\)\s+1\s+0\s+0\s+1", out) and re.search(r"wrong \(all\)\s+0\s+1\s+0\s+1", out)
+    assert "wrong graded correct" in out and "FAIL" not in out
+    items[1]["label"] = "correct"  # a right answer graded wrong: a target fails, exit 1
+    (folder / f"{demo_bank}.json").write_text(json.dumps({"lesson": demo_bank, "questions": {"q_open": items}}))
+    assert cli.main(["report", str(folder)]) == 1 and "FAIL" in capsys.readouterr().out
+    assert cli.main(["report", str(tmp_path / "nope")]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+def test_language_libraries_load_lazily_and_quietly():
+    """import quizzes pulls in neither torch nor the language libraries; the first Chinese answer
+    loads jieba without a word on stderr."""
+    import subprocess
+    import sys
+    code = ("import sys, quizzes; assert not {'torch', 'jieba', 'lemminflect'} & set(sys.modules), sys.modules.keys(); "
+            "r = quizzes.grade('lesson1', 'q_full_vs_shard_grad_op', 'FULL_SHARD 在前向之后释放参数，SHARD_GRAD_OP 保留到反向。', 'zh'); "
+            "assert 'jieba' in sys.modules and r.verdict == 'correct', r.details")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr

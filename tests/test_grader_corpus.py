@@ -62,23 +62,45 @@ def test_every_open_question_has_a_full_corpus(lesson, qid):
 
 @pytest.mark.parametrize("lesson,qid,item", labelled_answers())
 def test_corpus_label(lesson, qid, item):
+    """The tuning corpus: no wrong answer graded correct, no right answer graded wrong (unsure:
+    the learner marks it); a swapped, negated or 'fine' answer is wrong and quotes the learner."""
     r = quizzes.grade(lesson, qid, item["answer"], item["lang"])
-    assert r.correct == (item["label"] == "correct"), f"{item['answer']!r}\n{r.details}\n{r.feedback}"
-    if item["label"] == "wrong":
-        assert r.score < 1.0
+    if item["label"] == "correct":
+        assert r.verdict in ("correct", "unsure"), f"{item['answer']!r}\n{r.details}\n{r.feedback}"
+    else:
+        assert r.verdict in ("wrong", "unsure") and r.score < 1.0, f"{item['answer']!r}\n{r.details}\n{r.feedback}"
         if item["kind"] in corpus.NAMES_A_MISCONCEPTION:
-            # the feedback names what the answer got wrong, in the learner's language
-            assert r.details["misconceptions"], r.details
-            assert ("你写的是" if item["lang"] == "zh" else "you wrote that") in r.feedback
+            assert r.verdict == "wrong" and r.details["false"], r.details
+            assert ("你写道：「" if item["lang"] == "zh" else "You wrote: «") in r.feedback
+
+
+def test_tuning_corpus_matrix(capsys):
+    text, _ = corpus.report(corpus.grade_corpus([CORPUS_DIR]), "tuning corpus")
+    with capsys.disabled():
+        print("\n" + text)
+    m = corpus.matrices(corpus.grade_corpus([CORPUS_DIR]))["all"]
+    assert m.counts["wrong", "correct"] == 0 and m.counts["correct", "wrong"] == 0
+
+
+HELDOUT_DIR = CORPUS_DIR.parent / "quiz_heldout"
 
 
 @pytest.mark.parametrize("lesson,qid", open_questions())
-def test_precision_and_recall(lesson, qid, capsys):
-    """The note's numbers: measured here over the whole corpus (every label asserted above)."""
-    (m,) = [m for m in corpus.measure(CORPUS_DIR / f"{lesson}.json") if m.qid == qid]
+def test_every_open_question_has_a_heldout_set(lesson, qid):
+    items = corpus.read_corpus(HELDOUT_DIR / f"{lesson}.json")["questions"].get(qid) or []
+    assert len(items) >= 24 and {i["lang"] for i in items} == {"en", "zh"}
+
+
+@pytest.mark.xfail(strict=True, reason="measured on the frozen held-out set: the targets are not met yet "
+                                       "(quizzes/README.md, 'Measured'); strict: passing turns this red until it is re-armed")
+def test_heldout_targets(capsys):
+    """Issue 21's targets on the held-out set, which the rules were never tuned on."""
+    graded = corpus.grade_corpus([HELDOUT_DIR])
+    text, met = corpus.report(graded, "held-out set")
     with capsys.disabled():
-        print("\n" + m.line())
-    assert m.precision == 1.0 and m.recall == 1.0, [(i["answer"], r.details) for i, r in m.mislabelled]
+        print("\n" + text)
+    failed = [t for t in corpus.targets(corpus.matrices(graded)["all"]) if not t[4]]
+    assert met and not failed, failed
 
 
 @pytest.mark.parametrize("lesson,qid", open_questions())
@@ -86,7 +108,7 @@ def test_precision_and_recall(lesson, qid, capsys):
 def test_reference_answer_is_correct(lesson, qid, lang):
     q = quizzes.load_bank(lesson).question(qid)
     r = quizzes.grade(lesson, qid, q.secret["reference"][lang], lang)
-    assert r.correct and not r.details["misconceptions"], r.details
+    assert r.verdict == "correct" and not r.details["misconceptions"], r.details
 
 
 def test_corpus_files_belong_to_banks():

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import quizzes
+from quizzes import grading
 from quizzes import bank as bankmod
 from quizzes import progress
 from quizzes.bank import BANK_DIR, QuizError
@@ -94,15 +95,16 @@ def test_wrong_answers_are_explained(lesson, qid, lang):
 @pytest.mark.parametrize("lesson,qid", quiz_questions(("open",)))
 def test_open_answers_in_both_languages(lesson, qid):
     """The reference answer passes in both languages; an off-topic one gets every key idea named
-    as missed, then the reference answer (the labelled corpora: tests/test_grader_corpus.py)."""
+    as missing, then the reference answer (the labelled corpora: tests/test_grader_corpus.py)."""
     q = quizzes.load_bank(lesson).question(qid)
     for lang in ("en", "zh"):
         assert quizzes.grade(lesson, qid, q.secret["reference"][lang], lang).correct
         r = quizzes.grade(lesson, qid, OFF_TOPIC[lang], lang)
-        assert not r.correct
-        assert len(r.details["missed"]) == len(q.secret["claims"])
-        for claim in q.secret["claims"]:
-            assert claim["label"][lang] in r.feedback
+        assert r.verdict == "wrong" and not r.correct
+        ideas = grading.key_ideas(q.secret)
+        assert r.details["missing"] == [k["id"] for k in ideas]
+        for idea in ideas:
+            assert idea["label"][lang] in r.feedback
         assert q.secret["reference"][lang] in r.feedback
 
 
@@ -111,8 +113,10 @@ def test_open_rubric_normalises_text():
                       "FULL_SHARD: frees   PARAMETERS after forward; ALL-GATHERS them again in backward!")
     assert r.correct and {"reshard_after_forward", "gather_again"} <= set(r.details["found"])
     mixed = quizzes.grade("lesson1", "q_full_vs_shard_grad_op", "FULL_SHARD 反向时再次 all-gather，显存更少", "zh")
-    assert mixed.correct and "gather_again" in mixed.details["found"]
-    assert "已答到的要点" in mixed.feedback and "参考答案" in mixed.feedback
+    # every part read and true, but the key idea (when the parameters are freed) is missing
+    assert mixed.verdict == "wrong" and {"gather_again", "memory"} <= set(mixed.details["found"])
+    assert mixed.details["missing"] == ["when_freed"]
+    assert "已答到的要点" in mixed.feedback and "缺少的要点" in mixed.feedback and "参考答案" in mixed.feedback
 
 
 # --- bank lint -------------------------------------------------------------------------------
@@ -129,7 +133,7 @@ def test_bank_lint(path):
     assert len(ids) == len(set(ids))
     # nothing that gives an answer away may be readable outside the sealed fields
     assert not re.search(r'"(correct|answer|answers|value|tolerance|checker|why|claims|subjects|says|'
-                         r'misconceptions|reference|explanation|min_claims)"\s*:', raw)
+                         r'misconceptions|reference|explanation|key_ideas|topic|neutral)"\s*:', raw)
     for q in bank:
         assert set(data["questions"][ids.index(q.id)]) <= bankmod.PUBLIC_KEYS
         s = q.secret
@@ -140,7 +144,7 @@ def test_bank_lint(path):
             secrets += list(s["explanation"].values())
         if q.type == "open":
             secrets += list(s["reference"].values())
-            secrets += [c["label"][lang] for c in s["claims"] for lang in ("en", "zh")]
+            secrets += [c["label"][lang] for c in s["claims"] + s.get("key_ideas", []) for lang in ("en", "zh")]
             secrets += [f[key][lang] for c in s["claims"] for f in c["forms"] for key in ("wrong", "swapped")
                         if key in f for lang in ("en", "zh")]
         if q.type == "code":
@@ -153,7 +157,7 @@ def test_bank_lint(path):
 def test_lesson1_required_questions():
     bank = quizzes.load_bank("lesson1")
     assert bank.question("q_full_vs_shard_grad_op").type == "open"
-    assert bank.question("q_full_vs_shard_grad_op").secret["min_claims"] == 2
+    assert [k["id"] for k in grading.key_ideas(bank.question("q_full_vs_shard_grad_op").secret)] == ["when_freed"]
     assert bank.question("ex_predict_bytes").type == "code"
     assert len(bank.graded()) >= 7 and len(quizzes.load_bank("lesson0").graded()) >= 6
 
@@ -541,7 +545,7 @@ def test_cli_unseal_then_seal_round_trip(tmp_path, quiz_progress_file):
     r = quiz_cli("unseal", "lesson1", progress_file=quiz_progress_file)
     assert r.returncode == 0
     authoring = json.loads(r.stdout)
-    assert authoring["questions"][0]["secret"]["min_claims"] == 2
+    assert authoring["questions"][0]["secret"]["key_ideas"][0]["id"] == "when_freed"
     src, out = tmp_path / "lesson1.json", tmp_path / "banks" / "lesson1.json"
     out.parent.mkdir()
     src.write_text(r.stdout)
