@@ -54,6 +54,11 @@ def body(result, lang: str) -> str:
     return text
 
 
+def quote(text: str, lang: str) -> str:
+    """The learner's own words, quoted as the language quotes."""
+    return f"「{text}」" if lang == "zh" else f"«{text}»"
+
+
 def badge_text(kind: str, lang: str) -> str:
     key, icon, _, _ = LOOKS[kind]
     return f"{icon} {msg(key, lang)}"
@@ -85,7 +90,7 @@ def unsure_text(result, lang: str) -> str:
     lines += [f"- {x}" for x in p["missing"]] or [f"- {msg('none', lang)}"]
     if p["unread"]:
         lines.append(msg("ui_unread", lang))
-        lines += [f"- «{x}»" for x in p["unread"]]
+        lines += [f"- {quote(x, lang)}" for x in p["unread"]]
     if p["reference"]:
         lines += [msg("reference", lang), p["reference"]]
     return "\n".join(lines)

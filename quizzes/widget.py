@@ -251,7 +251,7 @@ class QuestionBox:
             inner.append(_items(parts["missing"] or [msg("none", lang)], "○", "#57606a"))
             if parts["unread"]:
                 inner.append(f"<div style='margin-top:6px'><b>{_esc(msg('ui_unread', lang))}</b></div>")
-                inner.append(_items([f"«{u}»" for u in parts["unread"]], "?", "#0a3069"))
+                inner.append(_items([present.quote(u, lang) for u in parts["unread"]], "?", "#0a3069"))
             if parts["reference"]:
                 inner.append(f"<div style='margin-top:6px'><b>{_esc(msg('reference', lang))}</b></div>"
                              f"<div style='{TEXT_STYLE};background:#f6f8fa;padding:4px 8px;"

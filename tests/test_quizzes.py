@@ -409,6 +409,7 @@ def test_widget_unsure_in_chinese_keeps_the_ticks(unsure_quiz):
     assert box.self_right.description == "我的回答正确" and box.self_wrong.description == "我的回答不正确"
     shown = box.feedback_text + box.ideas_head.value + "".join(r.children[1].value for r in box.ideas.children)
     assert "已答到的要点" in shown and "SHARD_GRAD_OP 保留到反向" in shown and "参考答案文字" in shown
+    assert "「and then it does the gather thing in a weird way」" in box.feedback_text  # quoted as Chinese quotes
     # no English left but the learner's own words (quoted) and the API's names
     ui = re.sub(r"«[^»]*»|「[^」]*」|SHARD_GRAD_OP|FULL_SHARD|<[^>]*>", "", box.feedback_text + box.ideas_head.value)
     assert not re.search(r"[A-Za-z]{3,}", ui), ui
