@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import claims, corpus, progress
+from . import claims, corpus, present, progress
 from .bank import (BANK_DIR, LANGS, QuizError, dump_bank, from_authoring, known_lessons, load_bank,
                    to_authoring)
 from .grading import grade_question
@@ -92,14 +92,20 @@ def cmd_list(args) -> int:
 
 
 def cmd_progress(args) -> int:
+    """Per lesson: questions answered, graded correct by the quiz, marked right by the learner
+    (an open answer the grader was unsure of, compared with the key ideas), the grader's score,
+    and the code exercises passed."""
     print(f"progress file: {progress.progress_path()}")
-    print(f"{'lesson':<10}{'answered':>10}{'correct':>9}{'score':>12}{'exercises':>11}")
+    print(f"{'lesson':<10}{'answered':>10}{'correct':>9}{'self-assessed':>15}{'score':>12}{'exercises':>11}")
     for name in known_lessons():
         bank = load_bank(name)
         quiz = progress.lesson_summary(bank.lesson, [q.id for q in bank.graded()])
         code = progress.lesson_summary(bank.lesson, [q.id for q in bank if q.type == "code"])
         print(f"{bank.lesson:<10}{quiz['answered']:>6} / {quiz['total']:<2}{quiz['correct']:>6}"
-              f"{quiz['score']:>9.2f} / {quiz['total']:<2}{code['correct']:>7} / {code['total']}")
+              f"{quiz['self_assessed']:>12}   {quiz['score']:>9.2f} / {quiz['total']:<2}"
+              f"{code['correct']:>7} / {code['total']}")
+    print("correct: graded correct by the quiz; self-assessed: answers the grader could not read "
+          "whole, marked right by you against the key ideas")
     return 0
 
 
@@ -114,13 +120,23 @@ HINTS = {
 
 
 def cmd_take(args) -> int:
-    """Ask each question; Enter skips, Ctrl-D stops (exit 0), Ctrl-C interrupts (exit 130)."""
+    """Ask each question; Enter skips, Ctrl-D stops (exit 0), Ctrl-C interrupts (exit 130).
+    An answer the grader is unsure of is shown with the key ideas found and missed and the
+    reference; the learner then marks it against the key ideas (recorded as self-assessed)."""
     bank = load_bank(args.lesson)
     lang = args.lang or progress.get_setting("lang", "en")
     questions = [bank.question(args.only)] if args.only else list(bank)
     graded = [q for q in questions if q.type != "code"]
     print(msg("take_header", lang, title=bank.title[lang], lesson=bank.lesson, n=len(graded)))
-    right, status, unsaved = 0, 0, None
+    right, selfs, status, unsaved = 0, 0, 0, None
+
+    def keep(mark):
+        nonlocal unsaved
+        saved = progress.record(bank.lesson, mark)
+        if not saved.ok and saved.problem != unsaved:  # said once, not after every question
+            unsaved = saved.problem
+            _say_err(saved.line(lang))
+
     try:
         for q in questions:
             if q.type == "code":
@@ -133,18 +149,63 @@ def cmd_take(args) -> int:
             if result is None:
                 continue
             right += result.correct
-            print(result.feedback)  # the result first: it is shown even if it cannot be saved
-            problem = progress.try_record(bank.lesson, q.id, result.score, result.correct)
-            if problem and problem != unsaved:
-                unsaved = problem
-                _say_err(msg("not_recorded", lang, why=problem.split(": ", 1)[1]))
+            kind = present.look(result)
+            if result.verdict == "unsure":
+                print(f"{present.badge_text(kind, lang)}\n{present.unsure_text(result, lang)}")
+            else:  # the result first: it is shown even if it cannot be saved
+                print(f"{present.badge_text(kind, lang)}\n{present.body(result, lang)}")
+            keep(progress.Mark.of(q.id, result))
+            if result.verdict == "unsure":
+                mark = _self_check(result, lang)
+                if mark is not None:
+                    selfs += mark == "correct"
+                    print(present.badge_text("self_" + mark, lang) + "  " + msg("self_recorded", lang))
+                    keep(progress.Mark(q.id, mark, graded_by="self"))
     except EOFError:
         print("\n" + msg("stopped", lang))
     except KeyboardInterrupt:
         print("\n" + msg("interrupted", lang))
         status = 130  # as a shell reports a command stopped by Ctrl-C
-    print("\n" + msg("score", lang, k=right, n=len(graded)))
+    score = msg("score", lang, k=right, n=len(graded))
+    print("\n" + (msg("score_self", lang, base=score, s=selfs) if selfs else score))
     return status
+
+
+def _yes_no(prompt: str, lang: str) -> bool | None:
+    """y / n (also 是 / 否); None on an empty line (the learner skips the self-check)."""
+    while True:
+        line = input(f"  {prompt} ").strip().lower()
+        if not sys.stdin.isatty():
+            print(line)
+        if not line:
+            return None
+        if line in ("y", "yes", "是", "对"):
+            return True
+        if line in ("n", "no", "否", "不"):
+            return False
+        print(f"  {msg('ask_yn', lang)}")
+
+
+def _self_check(result, lang: str) -> str | None:
+    """The self-test's method in the terminal: each key idea y/n, then right or not right.
+    "correct" / "wrong", or None when the learner skips it (Enter)."""
+    print(f"\n{msg('checklist_head', lang)} {msg('checklist_rule', lang)}")
+    ticks = []
+    for label in present.unsure_parts(result, lang)["checklist"]:
+        print(f"  - {label}")
+        tick = _yes_no(msg("ask_idea", lang), lang)
+        if tick is None:
+            print(f"  {msg('self_skipped', lang)}")
+            return None
+        ticks.append(tick)
+    if not all(ticks):
+        print(f"  {msg('ask_missing', lang)}")
+        return "wrong"
+    sure = _yes_no(msg("ask_right", lang), lang)
+    if sure is None:
+        print(f"  {msg('self_skipped', lang)}")
+        return None
+    return "correct" if sure else "wrong"
 
 
 def _ask(q, lang):
@@ -271,10 +332,9 @@ def cmd_grade(args) -> int:
         print(msg("total", lang, right=right, total=total, score=score))
     sys.stdout.flush()  # the results are out before anything can go wrong with recording them
     if args.record:
-        try:
-            progress.record_many(bank.lesson, [(qid, r.score, r.correct) for qid, r in results.items()])
-        except progress.ProgressError as exc:
-            _say_err(msg("not_recorded", lang, why=str(exc)))
+        saved = progress.record(bank.lesson, *(progress.Mark.of(qid, r) for qid, r in results.items()))
+        if not saved.ok:
+            _say_err(saved.line(lang))
             return 1
     return 0
 

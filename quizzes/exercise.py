@@ -16,6 +16,7 @@ the learner's code is one FAIL line, not a traceback wall.
 """
 from __future__ import annotations
 
+import sys
 import traceback
 from typing import Callable
 
@@ -82,6 +83,9 @@ def check_exercise(lesson, qid: str, learner_fn, **context) -> Result:
         passed, message = bool(outcome[0]), str(outcome[1])
     line = f"{'PASS' if passed else 'FAIL'} {qid}: {message}"
     print(line)
-    progress.record(bank.lesson, qid, 1.0 if passed else 0.0, passed)
+    saved = progress.record(bank.lesson, progress.Mark(qid, "correct" if passed else "wrong",
+                                                       1.0 if passed else 0.0))
+    if not saved.ok:  # the verdict above stands; say once why it is not kept
+        print(f"quizzes: {saved.line()}", file=sys.stderr)
     return Result(passed, 1.0 if passed else 0.0, line, {"message": message}, bank.lesson, qid,
                   printed=True)

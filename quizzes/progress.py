@@ -1,4 +1,8 @@
-"""Progress file: best result, attempts and last answer time per question, plus settings.
+"""Progress file: per question the attempts, the grader's best result, the learner's own mark
+on an answer the grader was unsure of, and the last answer time; plus settings.
+
+One way to record: ``record(lesson, Mark(qid, verdict, score, graded_by), ...)`` returns a
+``Saved`` (the records, or the one-line reason they could not be saved: ``saved.line(lang)``).
 
 Location: $FSDP_COURSE_PROGRESS, else ~/.fsdp_course/progress.json.
 
@@ -18,17 +22,23 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 from .bank import LANGS, QuizError
+from .i18n import msg
 
 ENV = "FSDP_COURSE_PROGRESS"
+VERDICTS = ("correct", "wrong", "unsure")  # as grading.Result.verdict
+GRADED_BY = ("grader", "self")
 VERSION = 1
-RECORD_KEYS = {"attempts": int, "best_score": (int, float), "correct": bool, "last_answered": str}
+# Every key is optional; "verdict", "graded_by" and "self_correct" came later (a record without
+# them was graded by the grader, which is how a file from before them reads).
+RECORD_KEYS = {"attempts": int, "best_score": (int, float), "correct": bool, "last_answered": str,
+               "verdict": str, "graded_by": str, "self_correct": bool}
 
 
 class ProgressError(QuizError):
@@ -77,6 +87,9 @@ def _shape_problem(data) -> str | None:
                 value = rec.get(key)
                 if key in rec and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
                     return f"{name}.{qid}.{key} is {json.dumps(value)}, not a {key} value"
+            for key, allowed in (("verdict", VERDICTS), ("graded_by", GRADED_BY)):
+                if key in rec and rec[key] not in allowed:
+                    return f"{name}.{qid}.{key} is {json.dumps(rec[key])}, not one of {', '.join(allowed)}"
     return None
 
 
@@ -210,56 +223,73 @@ def update(change) -> dict:
     return data
 
 
-def save(data: dict) -> None:
-    """Replace the whole file (under the lock)."""
-    path = progress_path()
-    with _locked(path):
-        _write(path, data)
+@dataclass(frozen=True)
+class Mark:
+    """One result to record.
+
+    graded_by "grader": an attempt the grader judged (verdict correct / wrong / unsure); it
+    counts an attempt and keeps the best score. graded_by "self": the learner's own mark on their
+    last answer, made against the key-idea checklist after an "unsure" (verdict correct or
+    wrong); it counts no new attempt and leaves the machine's score alone."""
+    qid: str
+    verdict: str
+    score: float = 0.0
+    graded_by: str = "grader"
+
+    def __post_init__(self):
+        if self.graded_by not in GRADED_BY:
+            raise ValueError(f"graded_by must be one of {GRADED_BY}, got {self.graded_by!r}")
+        allowed = ("correct", "wrong") if self.graded_by == "self" else ("correct", "wrong", "unsure")
+        if self.verdict not in allowed:
+            raise ValueError(f"a {self.graded_by} mark's verdict is one of {allowed}, got {self.verdict!r}")
+
+    @classmethod
+    def of(cls, qid: str, result) -> Mark:
+        """The grader's mark for a grading.Result (or anything with .verdict and .score)."""
+        return cls(qid, result.verdict, float(result.score))
 
 
-def _count(data: dict, lesson: str, qid: str, score: float, correct: bool) -> dict:
-    rec = data["lessons"].setdefault(lesson, {}).setdefault(qid, {"attempts": 0, "best_score": 0.0,
-                                                                  "correct": False})
-    rec["attempts"] = int(rec.get("attempts", 0)) + 1
-    rec["best_score"] = max(float(rec.get("best_score", 0.0)), float(score))
-    rec["correct"] = bool(rec.get("correct")) or bool(correct)
-    rec["last_answered"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+@dataclass
+class Saved:
+    """What record() did: the question records as saved, or the one-line reason nothing was."""
+    records: dict = field(default_factory=dict)
+    problem: str | None = None  # ProgressError's text, English
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+    def line(self, lang: str = "en") -> str:
+        """The status line for the learner: empty when saved, else "progress not recorded: why"."""
+        return "" if self.ok else msg("not_recorded", lang, why=self.problem)
+
+
+def _apply(data: dict, lesson: str, mark: Mark, when: str) -> dict:
+    rec = data["lessons"].setdefault(lesson, {}).setdefault(
+        mark.qid, {"attempts": 0, "best_score": 0.0, "correct": False})
+    if mark.graded_by == "grader":
+        rec["attempts"] = int(rec.get("attempts", 0)) + 1
+        rec["best_score"] = max(float(rec.get("best_score", 0.0)), float(mark.score))
+        rec["correct"] = bool(rec.get("correct")) or mark.verdict == "correct"
+    else:
+        rec["attempts"] = max(int(rec.get("attempts", 0)), 1)
+        rec["self_correct"] = mark.verdict == "correct"  # the learner may revise their own mark
+    rec["verdict"], rec["graded_by"] = mark.verdict, mark.graded_by
+    rec["last_answered"] = when
     return rec
 
 
-def record(lesson: str, qid: str, score: float, correct: bool) -> dict | None:
-    """Count one attempt; keep the best score. Returns the question's record, or None after one
-    line on stderr when it cannot be saved: a learner's result is never lost to a traceback."""
-    problem = try_record(lesson, qid, score, correct)
-    if problem:
-        _say(f"quizzes: {problem}")
-        return None
-    return _last_record
-
-
-def record_strict(lesson: str, qid: str, score: float, correct: bool) -> dict:
-    """record(), raising ProgressError when it cannot be saved."""
-    data = update(lambda d: _count(d, lesson, qid, score, correct))
-    return data["lessons"][lesson][qid]
-
-
-def record_many(lesson: str, results) -> None:
-    """Record [(qid, score, correct)] in one locked write (an answers file graded at once)."""
-    results = list(results)
-    update(lambda d: [_count(d, lesson, qid, score, correct) for qid, score, correct in results])
-
-
-_last_record = None
-
-
-def try_record(lesson: str, qid: str, score: float, correct: bool) -> str | None:
-    """Record, or return the one-line reason it could not (the caller shows the result anyway)."""
-    global _last_record
+def record(lesson: str, *marks: Mark) -> Saved:
+    """Record marks of one lesson in one locked write. Never raises for the file: a learner's
+    result is shown whether or not it could be saved, so the caller shows Saved.line(lang)."""
+    if not all(isinstance(m, Mark) for m in marks):
+        raise TypeError("progress.record(lesson, Mark(qid, verdict, score), ...): every result is a Mark")
+    when = datetime.now(timezone.utc).isoformat(timespec="seconds")
     try:
-        _last_record = record_strict(lesson, qid, score, correct)
+        data = update(lambda d: [_apply(d, lesson, m, when) for m in marks])
     except ProgressError as exc:
-        return f"progress not recorded: {exc}"
-    return None
+        return Saved(problem=str(exc))
+    return Saved(records={m.qid: data["lessons"][lesson][m.qid] for m in marks})
 
 
 def _load_quietly() -> dict:
@@ -281,9 +311,12 @@ def set_setting(name: str, value) -> None:
 
 
 def lesson_summary(lesson: str, qids) -> dict:
-    """answered / correct / best-score sum over the given question ids."""
+    """Over the given question ids: answered, correct (graded correct by the quiz at least once),
+    self_assessed (never graded correct, marked right by the learner against the key ideas),
+    score (sum of the grader's best scores) and total."""
     qids = list(qids)
     recs = _load_quietly()["lessons"].get(lesson, {})
     got = [recs[q] for q in qids if q in recs]
     return {"answered": len(got), "correct": sum(1 for r in got if r.get("correct")),
+            "self_assessed": sum(1 for r in got if not r.get("correct") and r.get("self_correct")),
             "score": sum(float(r.get("best_score", 0)) for r in got), "total": len(qids)}

@@ -76,16 +76,16 @@ def test_twenty_concurrent_grade_record_keep_every_result(tmp_path, progress_fil
 
 
 def test_killed_writer_leaves_a_temp_file_the_next_write_removes(progress_file):
-    progress.record("lesson1", "q_zero_mapping", 1.0, True)
+    progress.record("lesson1", progress.Mark("q_zero_mapping", "correct", 1.0))
     # a writer killed between writing its temp file and renaming it
     killer = ("import os, signal; from quizzes import progress; "
               "progress.os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL); "
-              "progress.record('lesson1', 'q_no_shard', 1.0, True)")
+              "progress.record('lesson1', progress.Mark('q_no_shard', 'correct', 1.0))")
     r = subprocess.run([sys.executable, "-c", killer], cwd=REPO, env=dict(os.environ), timeout=60)
     assert r.returncode == -signal.SIGKILL
     stale = list(progress_file.parent.glob(".progress.json.*.tmp"))
     assert len(stale) == 1
-    progress.record("lesson1", "q_no_shard", 1.0, True)  # the lock died with the writer
+    progress.record("lesson1", progress.Mark("q_no_shard", "correct", 1.0))  # the lock died with the writer
     assert not list(progress_file.parent.glob(".progress.json.*.tmp"))
     recs = json.loads(progress_file.read_text())["lessons"]["lesson1"]
     assert recs["q_zero_mapping"]["attempts"] == 1 and recs["q_no_shard"]["attempts"] == 1
@@ -149,7 +149,7 @@ def test_read_only_folder_prints_results_and_one_line(tmp_path):
     assert "[正确] q_zero_mapping" in r.stdout and "总计：1 / " in r.stdout
     r = cli("take", "lesson1", "--only", "q_zero_mapping", stdin="b\n", progress_path=target)
     one_line_error(r, 0, "progress not recorded")
-    assert "Correct." in r.stdout and "Score: 1 / 1" in r.stdout
+    assert "✔ Correct" in r.stdout and "Score: 1 / 1" in r.stdout
 
 
 def test_unknown_language_setting_is_one_line(progress_file):
@@ -157,7 +157,7 @@ def test_unknown_language_setting_is_one_line(progress_file):
     progress_file.write_text(json.dumps({"version": 1, "settings": {"lang": "fr"}, "lessons": {}}))
     r = cli("take", "lesson1", "--only", "q_zero_mapping", stdin="b\n", progress_path=progress_file)
     one_line_error(r, 0, "settings.lang 'fr' is not a language of this course")
-    assert "Correct." in r.stdout  # English, the default
+    assert "✔ Correct" in r.stdout  # English, the default
     assert quizzes.show("lesson1").lang == "en"
 
 
@@ -169,7 +169,8 @@ def test_newer_version_is_refused_not_rewritten(tmp_path, progress_file):
     one_line_error(r, 1, "newer version of the course", "not reading or changing it")
     assert "[correct] q_zero_mapping" in r.stdout
     assert progress_file.read_text() == newer
-    assert progress.record("lesson1", "q_zero_mapping", 1.0, True) is None
+    saved = progress.record("lesson1", progress.Mark("q_zero_mapping", "correct", 1.0))
+    assert not saved.ok and "newer version" in saved.line() and saved.records == {}
     assert progress_file.read_text() == newer
 
 
@@ -179,10 +180,11 @@ def test_widget_shows_feedback_when_progress_cannot_be_saved(progress_file):
     box = next(b for b in quiz.boxes if b.q.id == "q_zero_mapping")
     box.input.value = box.q.secret["correct"]
     box.button.click()
-    text = box.output.outputs[0]["text"]
-    assert text.startswith("正确。") and "进度未保存" in text
+    text = box.feedback_text
+    assert text.startswith("✔ 正确\n") and "进度未保存" in text and "进度未保存" in box.feedback.value
     quiz.lang_toggle.value = "en"  # the switch works; why it is not remembered is said
-    assert quiz.lang == "en" and "is a folder" in quiz.score.value
+    assert quiz.lang == "en" and "is a folder" in quiz.score.value and "is a folder" in quiz.score_top.value
+    assert "progress not recorded" in box.feedback_text  # still said, in the new language
 
 
 # --- the terminal quiz -----------------------------------------------------------------------
@@ -308,3 +310,114 @@ def test_250000_75_is_not_shown_as_250001():
     r = grade_question(q, 250000.75)
     assert not r.correct and "250,000.75 bytes is outside" in r.feedback and "250,001" not in r.feedback
     assert grade_question(q, "250000.5").correct
+
+
+# --- self-assessed results -----------------------------------------------------------------------
+
+def test_version_1_file_from_before_self_assessment_still_loads(progress_file):
+    """A file as the course wrote it before verdicts and self-marks: read as machine-graded."""
+    progress_file.parent.mkdir(parents=True)
+    old = {"version": 1, "settings": {"lang": "zh"}, "lessons": {"lesson1": {
+        "q_zero_mapping": {"attempts": 2, "best_score": 1.0, "correct": True, "last_answered": "2026-01-01T00:00:00+00:00"},
+        "q_no_shard": {"attempts": 1, "best_score": 0.0, "correct": False, "last_answered": "2026-01-01T00:00:00+00:00"}}}}
+    progress_file.write_text(json.dumps(old))
+    summary = progress.lesson_summary("lesson1", ["q_zero_mapping", "q_no_shard", "q_model_state_bytes"])
+    assert summary == {"answered": 2, "correct": 1, "self_assessed": 0, "score": 1.0, "total": 3}
+    saved = progress.record("lesson1", progress.Mark("q_no_shard", "correct", 1.0))
+    assert saved.ok and saved.line() == ""
+    data = json.loads(progress_file.read_text())
+    assert data["version"] == 1 and data["settings"] == {"lang": "zh"}
+    assert data["lessons"]["lesson1"]["q_zero_mapping"] == old["lessons"]["lesson1"]["q_zero_mapping"]
+    assert data["lessons"]["lesson1"]["q_no_shard"]["attempts"] == 2
+    assert not list(progress_file.parent.glob("*.corrupt-*"))
+
+
+def test_self_marks_are_kept_apart_from_the_graders(progress_file):
+    saved = progress.record("lesson1", progress.Mark("q_full_vs_shard_grad_op", "unsure", 0.5))
+    rec = saved.records["q_full_vs_shard_grad_op"]
+    assert (rec["attempts"], rec["verdict"], rec["graded_by"], rec["correct"]) == (1, "unsure", "grader", False)
+    rec = progress.record("lesson1", progress.Mark("q_full_vs_shard_grad_op", "correct", graded_by="self")
+                          ).records["q_full_vs_shard_grad_op"]
+    # the learner's mark is no new attempt and not the machine's verdict
+    assert (rec["attempts"], rec["graded_by"], rec["self_correct"], rec["correct"], rec["best_score"]) == \
+        (1, "self", True, False, 0.5)
+    qids = ["q_full_vs_shard_grad_op", "q_zero_mapping"]
+    assert progress.lesson_summary("lesson1", qids)["self_assessed"] == 1
+    progress.record("lesson1", progress.Mark("q_full_vs_shard_grad_op", "correct", 1.0))  # later graded correct
+    s = progress.lesson_summary("lesson1", qids)
+    assert (s["correct"], s["self_assessed"]) == (1, 0)  # counted once, as the grader's
+    r = cli("progress", progress_path=progress_file)
+    assert r.returncode == 0 and "self-assessed" in r.stdout
+    for bad in [{"verdict": "unsure", "graded_by": "self"}, {"verdict": "maybe"},
+                {"verdict": "correct", "graded_by": "me"}]:
+        with pytest.raises(ValueError):
+            progress.Mark("q_zero_mapping", **bad)
+    with pytest.raises(TypeError, match="Mark"):
+        progress.record("lesson1", "q_zero_mapping", 1.0, True)
+
+
+def test_progress_cli_shows_self_assessed_apart(progress_file):
+    progress.record("lesson1", progress.Mark("q_full_vs_shard_grad_op", "unsure", 0.5),
+                    progress.Mark("q_zero_mapping", "correct", 1.0))
+    progress.record("lesson1", progress.Mark("q_full_vs_shard_grad_op", "correct", graded_by="self"))
+    r = cli("progress", progress_path=progress_file)
+    n = len(quizzes.load_bank("lesson1").graded())
+    row = next(line for line in r.stdout.splitlines() if line.startswith("lesson1 "))
+    assert row.split()[:6] == ["lesson1", "2", "/", str(n), "1", "1"], row  # answered, correct, self-assessed
+    assert "1.50" in row
+
+
+def test_an_unknown_verdict_in_the_file_is_moved_aside(tmp_path, progress_file):
+    progress_file.parent.mkdir(parents=True)
+    progress_file.write_text(json.dumps({"version": 1, "lessons": {"lesson1": {"q_zero_mapping": {"verdict": "maybe"}}}}))
+    r = cli("grade", answers_file(tmp_path, {"q_zero_mapping": "b"}), "--record", progress_path=progress_file)
+    one_line_error(r, 0, "moved it to", "verdict is \"maybe\"")
+
+
+def unsure_result(lang="en"):
+    from quizzes.grading import Result
+    return Result(False, 0.5, "Not sure.", {
+        "found": ["a"], "missing": ["b"], "found_labels": ["idea A"], "missing_labels": ["idea B"],
+        "unread": ["some words"], "false": [], "checklist": ["idea A", "idea B"],
+        "reference": "the reference", "too_short": False}, verdict="unsure")
+
+
+@pytest.mark.parametrize("typed,mark", [("y\ny\ny\n", "correct"), ("y\nn\n", "wrong"), ("y\ny\nn\n", "wrong"),
+                                        ("y\n\n", None)])
+def test_take_unsure_asks_the_learner_to_mark_their_answer(monkeypatch, capsys, progress_file, typed, mark):
+    import io
+    from quizzes import cli as climod
+    monkeypatch.setattr(climod, "grade_question", lambda q, answer, lang="en": unsure_result(lang))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("FULL_SHARD frees something, I think\n" + typed))
+    assert climod.main(["take", "lesson1", "--only", "q_full_vs_shard_grad_op"]) == 0
+    out = capsys.readouterr().out
+    for part in ["? Not sure: compare it yourself", "Key ideas found:\n- idea A", "Key ideas not found:\n- idea B",
+                 "Sentences the grader could not read:\n- «some words»", "Reference answer:\nthe reference",
+                 "Does your answer say this? (y/n)"]:
+        assert part in out, out
+    rec = json.loads(progress_file.read_text())["lessons"]["lesson1"]["q_full_vs_shard_grad_op"]
+    assert rec["attempts"] == 1 and rec["correct"] is False
+    if mark is None:
+        assert rec["graded_by"] == "grader" and rec["verdict"] == "unsure" and "self_correct" not in rec
+        assert "self-check skipped" in out
+    else:
+        assert rec["graded_by"] == "self" and rec["self_correct"] is (mark == "correct")
+        assert "Recorded as self-assessed." in out
+    assert ("Score: 0 / 1 (+1 self-assessed right)" in out) is (mark == "correct")
+
+
+def test_check_exercise_says_once_why_its_result_is_not_kept(tmp_path, progress_file, monkeypatch, capsys):
+    import importlib
+    importlib.import_module("quizzes.checks")  # registers the demo checker (lessondemo, ex_square)
+    authoring = {"lesson": "lessondemo", "title": {"en": "Demo", "zh": "演示"}, "questions": [
+        {"id": "ex_square", "type": "code", "prompt": {"en": "Write square(x).", "zh": "编写 square(x)。"},
+         "secret": {}}]}
+    folder = tmp_path / "banks"
+    folder.mkdir()
+    (folder / "lessondemo.json").write_text(bankmod.dump_bank(bankmod.from_authoring(authoring)))
+    monkeypatch.setenv(bankmod.BANK_PATH_ENV, str(folder))
+    progress_file.mkdir(parents=True)
+    r = quizzes.check_exercise("lessondemo", "ex_square", lambda x: x * x)
+    out, err = capsys.readouterr()
+    assert r.passed and out.startswith("PASS ex_square:")  # the verdict stands
+    assert err.count("\n") == 1 and err.startswith("quizzes: progress not recorded:") and "is a folder" in err

@@ -210,9 +210,9 @@ def test_grade_accepts_friendly_forms():
 # --- progress --------------------------------------------------------------------------------
 
 def test_progress_atomic_write(quiz_progress_file, monkeypatch, capfd):
-    progress.record("lesson1", "q_zero_mapping", 0.0, False)
-    progress.record("lesson1", "q_zero_mapping", 1.0, True)
-    progress.record("lesson1", "q_zero_mapping", 0.0, False)
+    progress.record("lesson1", progress.Mark("q_zero_mapping", "wrong", 0.0))
+    progress.record("lesson1", progress.Mark("q_zero_mapping", "correct", 1.0))
+    progress.record("lesson1", progress.Mark("q_zero_mapping", "wrong", 0.0))
     assert sorted(p.name for p in quiz_progress_file.parent.iterdir()) == ["progress.json", "progress.json.lock"]
     rec = json.loads(quiz_progress_file.read_text())["lessons"]["lesson1"]["q_zero_mapping"]
     assert rec["attempts"] == 3 and rec["best_score"] == 1.0 and rec["correct"] is True
@@ -222,11 +222,12 @@ def test_progress_atomic_write(quiz_progress_file, monkeypatch, capfd):
     def crash(*args, **kwargs):
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(progress.json, "dump", crash)
-    assert progress.record("lesson1", "q_no_shard", 1.0, True) is None  # one line, no traceback
-    assert capfd.readouterr().err == (f"quizzes: progress not recorded: cannot save progress to {quiz_progress_file}: "
-                                      "No space left on device\n")
-    with pytest.raises(progress.ProgressError, match="No space left"):
-        progress.record_strict("lesson1", "q_no_shard", 1.0, True)
+    saved = progress.record("lesson1", progress.Mark("q_no_shard", "correct", 1.0))  # no traceback
+    assert not saved.ok and saved.records == {}
+    assert saved.line() == (f"progress not recorded: cannot save progress to {quiz_progress_file}: "
+                            "No space left on device")
+    assert saved.line("zh").startswith("进度未保存：cannot save progress")
+    assert capfd.readouterr().err == ""  # the caller says it, where its learner reads
     assert quiz_progress_file.read_text() == before  # the old file survives a failed write
     assert sorted(p.name for p in quiz_progress_file.parent.iterdir()) == ["progress.json", "progress.json.lock"]
 
@@ -235,7 +236,7 @@ def test_progress_atomic_write(quiz_progress_file, monkeypatch, capfd):
 def test_corrupt_progress_is_moved_aside(quiz_progress_file, capfd, content):
     quiz_progress_file.parent.mkdir(parents=True)
     quiz_progress_file.write_text(content)
-    progress.record("lesson1", "q_zero_mapping", 1.0, True)
+    progress.record("lesson1", progress.Mark("q_zero_mapping", "correct", 1.0))
     moved = list(quiz_progress_file.parent.glob("progress.json.corrupt-*"))
     assert len(moved) == 1 and moved[0].read_text() == content  # preserved, not lost
     assert re.fullmatch(r"progress\.json\.corrupt-\d{8}-\d{6}", moved[0].name)
@@ -252,7 +253,7 @@ def test_language_setting_is_remembered():
     quiz.lang_toggle.value = "zh"
     assert radio.value == radio.options[2][1]  # switching language keeps the learner's choice
     assert progress.get_setting("lang") == "zh"
-    assert "主要区别" in quiz.boxes[0].prompt.value and quiz.score.value.startswith("得分")
+    assert "主要区别" in quiz.boxes[0].prompt.value and quiz.score_text().startswith("得分")
     assert quizzes.show("lesson1").lang == "zh"  # a new quiz opens in the remembered language
     assert quizzes.show("lesson1", lang="en").lang == "en"
 
@@ -264,32 +265,42 @@ def test_widget_answers_a_single_choice_question():
     quiz = quizzes.show("lesson1")
     assert isinstance(quiz.root, widgets.VBox) and "quiz-root" in quiz.root._dom_classes
     n = len(quizzes.load_bank("lesson1").graded())
-    assert quiz.score.value == f"Score: 0 / {n}"
+    assert quiz.score_text() == f"Score: 0 / {n}"
+    # the score at the top and at the bottom
+    assert quiz.root.children[2] is quiz.score_top and quiz.root.children[-1] is quiz.score
+    assert f"Score: 0 / {n}" in quiz.score_top.value and f"Score: 0 / {n}" in quiz.score.value
     box = next(b for b in quiz.boxes if b.q.id == "q_zero_mapping")
     assert isinstance(box.input, widgets.RadioButtons) and box.button.description == "Check"
     box.button.click()  # nothing chosen yet
-    assert "Choose an answer first" in box.output.outputs[0]["text"]
+    assert box.feedback_text == "Choose an answer first."
     wrong = next(o for o in box.q.option_ids() if o != box.q.secret["correct"])
     box.input.value = wrong
     box.button.click()
-    assert box.output.outputs[0]["text"].startswith("Not quite.")
-    assert quiz.score.value == f"Score: 0 / {n}"
-    quiz.lang_toggle.value = "zh"  # new labels, the same choice: its feedback stays
+    assert box.feedback_text.startswith("✘ Not right\nYou chose")
+    assert "quiz-verdict-wrong" in box.feedback.value and "✘" in box.feedback.value
+    assert "Not quite." not in box.feedback_text  # the verdict is said once, by the badge
+    assert quiz.score_text() == f"Score: 0 / {n}"
+    quiz.lang_toggle.value = "zh"  # new labels, the same choice: its feedback follows the language
+    assert box.input.value == wrong and box.feedback_text.startswith("✘ 不对\n你选了")
+    assert box.button.description == "检查"
     quiz.lang_toggle.value = "en"
-    assert box.input.value == wrong and box.output.outputs[0]["text"].startswith("Not quite.")
+    assert box.input.value == wrong and box.feedback_text.startswith("✘ Not right")
     box.input.value = box.q.secret["correct"]
-    assert box.output.outputs == ()  # the feedback on the other choice no longer applies
+    assert box.feedback.value == "" and box.feedback_text == ""  # it was about the other choice
     box.button.click()
-    assert len(box.output.outputs) == 1 and box.output.outputs[0]["text"].startswith("Correct.")
-    assert quiz.score.value == f"Score: 1 / {n}"
+    assert box.feedback_text.startswith("✔ Correct\n") and "quiz-verdict-correct" in box.feedback.value
+    assert quiz.score_text() == f"Score: 1 / {n}"
     rec = progress.load()["lessons"]["lesson1"]["q_zero_mapping"]
-    assert rec["attempts"] == 2 and rec["correct"]
-    # every question type has its widget; code questions point to the exercise cell
+    assert rec["attempts"] == 2 and rec["correct"] and rec["graded_by"] == "grader"
+    # every question type has its widget; the code exercise says it is not in the score
     kinds = {b.q.type: type(b.input).__name__ for b in quiz.boxes}
     assert kinds == {"open": "Textarea", "single": "RadioButtons", "multi": "VBox", "numeric": "Text",
                      "code": "HTML"}
     code = next(b for b in quiz.boxes if b.q.type == "code")
     assert "graded in the exercise cell above" in code.input.value
+    assert "Exercise (not counted in the score)" in code.prompt.value
+    graded = [b for b in quiz.boxes if b.q.type != "code"]
+    assert f"Question {n} of {n}" in graded[-1].prompt.value  # graded questions count 1..n
 
 
 def test_widget_numeric_and_open_feedback():
@@ -297,14 +308,121 @@ def test_widget_numeric_and_open_feedback():
     box = next(b for b in quiz.boxes if b.q.id == "q_model_state_bytes")
     box.input.value = "not a number"
     box.button.click()
-    assert "cannot read" in box.output.outputs[0]["text"]
+    assert "cannot read" in box.feedback_text
+    quiz.lang_toggle.value = "zh"  # the message follows the language too
+    assert "无法把" in box.feedback_text
+    quiz.lang_toggle.value = "en"
     box.input.value = "200000000"
     box.button.click()
-    assert box.output.outputs[0]["text"].startswith("Correct.")
+    assert box.feedback_text.startswith("✔ Correct\n")
     box = next(b for b in quiz.boxes if b.q.id == "q_full_vs_shard_grad_op")
     box.input.value = OFF_TOPIC["en"]
     box.button.click()
-    assert "Key ideas missing" in box.output.outputs[0]["text"]
+    assert box.feedback_text.startswith("✘ Not right\n") and box.q.secret["reference"]["en"] in box.feedback_text
+    assert not re.match(r"✘ Not right\n(Not quite|Correct)", box.feedback_text)  # the verdict said once
+    assert "white-space:pre-wrap" in box.feedback.value and "word-break:normal" in box.feedback.value
+
+
+def test_feedback_says_right_once():
+    """No "Correct. Right: ..." / "正确。正确：...": the badge says it, the explanation does not again."""
+    from quizzes import present
+    for lesson in LESSONS:
+        for q in quizzes.load_bank(lesson).graded():
+            if q.type != "single":
+                continue
+            for lang in ("en", "zh"):
+                r = quizzes.grade(lesson, q.id, q.secret["correct"], lang=lang)
+                text = present.body(r, lang)
+                assert not re.match(r"(Correct|Right|正确|对)\s*[.:：。]", text), (lesson, q.id, lang, text)
+                assert text, (lesson, q.id, lang)
+
+
+LABELS = {"en": ["FULL_SHARD frees the parameters after forward", "SHARD_GRAD_OP keeps them until backward",
+                 "SHARD_GRAD_OP uses more memory"],
+          "zh": ["FULL_SHARD 前向后释放参数", "SHARD_GRAD_OP 保留到反向", "SHARD_GRAD_OP 显存更多"]}
+
+
+def unsure_result(lang):
+    """An "unsure" open result in the shape grading's contract gives it."""
+    from quizzes.grading import Result
+    labels = LABELS[lang]
+    return Result(False, 0.5, {"en": "Not sure.", "zh": "无法确定。"}[lang], {
+        "found": ["reshard_after_forward"], "missing": ["keep", "memory"],
+        "found_labels": labels[:1], "missing_labels": labels[1:],
+        "unread": ["and then it does the gather thing in a weird way"],
+        "false": [{"quote": "FULL_SHARD keeps them", "fix": {"en": "it frees them", "zh": "它会释放"}[lang]}],
+        "checklist": labels, "reference": {"en": "Reference text.", "zh": "参考答案文字。"}[lang],
+        "too_short": False}, verdict="unsure")
+
+
+@pytest.fixture
+def unsure_quiz(monkeypatch):
+    """lesson1's quiz whose open question the grader is unsure of (any answer)."""
+    from quizzes import widget
+    real = widget.grade_question
+    monkeypatch.setattr(widget, "grade_question",
+                        lambda q, answer, lang="en": unsure_result(lang) if q.type == "open" else real(q, answer, lang))
+    quiz = quizzes.show("lesson1")
+    box = next(b for b in quiz.boxes if b.q.type == "open")
+    box.input.value = "FULL_SHARD frees them after forward and then it does the gather thing in a weird way"
+    box.button.click()
+    return quiz, box
+
+
+def test_widget_unsure_shows_what_was_read_and_asks_for_a_self_mark(unsure_quiz):
+    quiz, box = unsure_quiz
+    n = len(quiz.bank.graded())
+    text = box.feedback_text
+    assert text.startswith("? Not sure: compare it yourself")
+    for part in ["Key ideas found:\n- FULL_SHARD frees", "Key ideas not found:\n- SHARD_GRAD_OP keeps",
+                 "Sentences the grader could not read:\n- «and then it does the gather thing",
+                 "You wrote «FULL_SHARD keeps them»: it frees them", "Reference answer:\nReference text."]:
+        assert part in text, text
+    assert "quiz-verdict-unsure" in box.feedback.value
+    assert box.selfcheck.layout.display == "flex"
+    rec = progress.load()["lessons"]["lesson1"][box.q.id]
+    assert rec["verdict"] == "unsure" and rec["graded_by"] == "grader" and not rec["correct"]
+    # the checklist starts from what the grader found; "right" needs every key idea ticked
+    assert [cb.value for cb in box.idea_checks] == [True, False, False]
+    assert box.self_right.disabled and not box.self_wrong.disabled
+    assert "tick every key idea first" in box.self_hint.value
+    for cb in box.idea_checks:
+        cb.value = True
+    assert not box.self_right.disabled and box.self_hint.value == ""
+    box.self_right.click()
+    assert "You marked it right" in box.self_status.value and "Recorded as self-assessed." in box.self_status.value
+    assert quiz.score_text() == f"Score: 0 / {n} (+1 self-assessed right)"
+    rec = progress.load()["lessons"]["lesson1"][box.q.id]
+    assert rec == {**rec, "graded_by": "self", "verdict": "correct", "self_correct": True, "correct": False,
+                   "attempts": 1}
+    assert progress.lesson_summary("lesson1", [q.id for q in quiz.bank.graded()])["self_assessed"] == 1
+    box.self_wrong.click()  # a learner may change their mind
+    assert progress.load()["lessons"]["lesson1"][box.q.id]["self_correct"] is False
+    assert quiz.score_text() == f"Score: 0 / {n}"
+
+
+def test_widget_unsure_in_chinese_keeps_the_ticks(unsure_quiz):
+    quiz, box = unsure_quiz
+    box.idea_checks[1].value = True
+    quiz.lang_toggle.value = "zh"
+    assert [cb.value for cb in box.idea_checks] == [True, True, False]
+    assert box.self_right.description == "我的回答正确" and box.self_wrong.description == "我的回答不正确"
+    shown = box.feedback_text + box.ideas_head.value + "".join(r.children[1].value for r in box.ideas.children)
+    assert "已答到的要点" in shown and "SHARD_GRAD_OP 保留到反向" in shown and "参考答案文字" in shown
+    assert "「and then it does the gather thing in a weird way」" in box.feedback_text  # quoted as Chinese quotes
+    # no English left but the learner's own words (quoted) and the API's names
+    ui = re.sub(r"«[^»]*»|「[^」]*」|SHARD_GRAD_OP|FULL_SHARD|<[^>]*>", "", box.feedback_text + box.ideas_head.value)
+    assert not re.search(r"[A-Za-z]{3,}", ui), ui
+    box.self_wrong.click()
+    assert "你判定为不正确" in box.self_status.value and "已记为自评" in box.self_status.value
+
+
+def test_widget_says_when_a_self_mark_cannot_be_saved(unsure_quiz, quiz_progress_file):
+    _, box = unsure_quiz
+    quiz_progress_file.unlink()
+    quiz_progress_file.mkdir()
+    box.self_wrong.click()
+    assert "progress not recorded" in box.self_status.value and "is a folder" in box.self_status.value
 
 
 # --- CLI -------------------------------------------------------------------------------------
@@ -421,7 +539,7 @@ def test_cli_progress_and_corrupt_file(quiz_progress_file):
     assert list(quiz_progress_file.parent.glob("progress.json.corrupt-*"))[0].read_text() == "{broken"
     quiz_cli("take", "lesson1", "--only", "q_zero_mapping", stdin="b\n", progress_file=quiz_progress_file)
     r = quiz_cli("progress", progress_file=quiz_progress_file)
-    assert re.search(r"lesson1\s+1 / \d+\s+1\s+1\.00", r.stdout)
+    assert re.search(r"lesson1\s+1 / \d+\s+1\s+0\s+1\.00", r.stdout)
 
 
 def test_cli_unseal_then_seal_round_trip(tmp_path, quiz_progress_file):
@@ -435,3 +553,22 @@ def test_cli_unseal_then_seal_round_trip(tmp_path, quiz_progress_file):
     r = quiz_cli("seal", str(src), "--out", str(out), progress_file=quiz_progress_file)
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text()) == json.loads((BANK_DIR / "lesson1.json").read_text())
+
+
+def test_unsure_with_every_key_idea_found_ticks_them_all(monkeypatch):
+    """Found claims are labelled by claim, the checklist by key idea: what is not found comes from
+    missing_labels, even when it is empty, never from comparing the two kinds of label."""
+    from quizzes import present, widget
+    from quizzes.grading import Result
+    result = Result(False, 0.5, "", {"found": ["c1", "c2"], "missing": [], "found_labels": ["claim one", "claim two"],
+                                     "missing_labels": [], "unread": ["a sentence"], "false": [],
+                                     "checklist": ["key idea"], "reference": "ref", "too_short": False},
+                    verdict="unsure")
+    assert present.unsure_parts(result, "en")["missing"] == []
+    monkeypatch.setattr(widget, "grade_question", lambda q, answer, lang="en": result)
+    quiz = quizzes.show("lesson1")
+    box = next(b for b in quiz.boxes if b.q.type == "open")
+    box.input.value = "anything at all, really"
+    box.button.click()
+    assert [cb.value for cb in box.idea_checks] == [True] and not box.self_right.disabled
+    assert "Key ideas not found:\n- (none)" in box.feedback_text
