@@ -24,7 +24,7 @@ from fsdp_course import theory
 from fsdp_course.config import TrainConfig, describe, parse_config
 from fsdp_course.data import load_data
 from fsdp_course.dist import distributed, mean_over_ranks
-from fsdp_course.measure import MiB, CommCounter, activation_bytes, state_bytes
+from fsdp_course.measure import CommCounter, MiB, activation_bytes, state_bytes
 from fsdp_course.model import GPT, lm_loss, num_params
 from fsdp_course.report import MetricLogger, table, write_metrics
 from timeouts import collective_timeouts

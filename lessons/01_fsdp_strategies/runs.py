@@ -4,7 +4,6 @@ rank 0 prints."""
 
 from __future__ import annotations
 
-
 import torch
 import torch.distributed as dist
 

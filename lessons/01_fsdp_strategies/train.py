@@ -37,12 +37,26 @@ from fsdp_course import theory
 from fsdp_course.config import TrainConfig, describe, parse_config, parse_variants
 from fsdp_course.data import load_data
 from fsdp_course.dist import distributed, mean_over_ranks
-from fsdp_course.measure import (MiB, CommCounter, GatheredParamTracker, activation_bytes,
-                                 flat_state_bytes)
+from fsdp_course.measure import (
+    CommCounter,
+    GatheredParamTracker,
+    MiB,
+    activation_bytes,
+    flat_state_bytes,
+)
 from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import MetricLogger, unwatched_ms, write_metrics
-from runs import (Strategies, decay_groups, describe_parameters, hybrid_groups, plan, print_report,
-                  refused_run, replica_spread, shard_layout)
+from runs import (
+    Strategies,
+    decay_groups,
+    describe_parameters,
+    hybrid_groups,
+    plan,
+    print_report,
+    refused_run,
+    replica_spread,
+    shard_layout,
+)
 
 
 @dataclass

@@ -32,18 +32,26 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from torch.distributed.fsdp.wrap import (lambda_auto_wrap_policy, size_based_auto_wrap_policy,
-                                         transformer_auto_wrap_policy)
+from torch.distributed.fsdp.wrap import (
+    lambda_auto_wrap_policy,
+    size_based_auto_wrap_policy,
+    transformer_auto_wrap_policy,
+)
 
 from fsdp_course import theory, wrapping
 from fsdp_course.config import TrainConfig, describe, parse_config, parse_variants
 from fsdp_course.data import load_data
 from fsdp_course.dist import distributed, mean_over_ranks
-from fsdp_course.measure import MiB, CommCounter, GatheredParamTracker, activation_bytes, state_bytes
+from fsdp_course.measure import (
+    CommCounter,
+    GatheredParamTracker,
+    MiB,
+    activation_bytes,
+    state_bytes,
+)
 from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import MetricLogger, write_metrics
-from runs import (Prefetches, Wraps, load_policy, print_report, print_units, run_plan,
-                              step_time)
+from runs import Prefetches, Wraps, load_policy, print_report, print_units, run_plan, step_time
 from staged_lm import staged_lm
 from timeline import StepTimeline
 

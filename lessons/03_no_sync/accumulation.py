@@ -12,7 +12,6 @@ import torch.nn as nn
 
 from fsdp_course.measure import nbytes
 
-
 # --- measurement -------------------------------------------------------------------------------
 
 def _fsdp2_params(model: nn.Module):

@@ -26,17 +26,27 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
+import accumulation  # this lesson's measurements: bytes held, the one-big-batch reference
 from fsdp_course import theory
 from fsdp_course.config import TrainConfig, describe, parse_config, parse_variants
 from fsdp_course.data import load_data
 from fsdp_course.dist import distributed, mean_over_ranks
 from fsdp_course.learner import load_learner
-from fsdp_course.measure import MiB, CommCounter, state_bytes
+from fsdp_course.measure import CommCounter, MiB, state_bytes
 from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import MetricLogger, unwatched_ms, write_metrics
-import accumulation  # this lesson's measurements: bytes held, the one-big-batch reference
-from runs import (VARIANTS_HELP, Apis, Bugs, Counts, Sizes, Switches, planned_runs,
-                              print_check, print_header, print_summary)
+from runs import (
+    VARIANTS_HELP,
+    Apis,
+    Bugs,
+    Counts,
+    Sizes,
+    Switches,
+    planned_runs,
+    print_check,
+    print_header,
+    print_summary,
+)
 
 
 @dataclass

@@ -31,17 +31,25 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel as FSDP, StateDictType
+from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
 import pitfalls  # lesson 4's own modules, next to this script (each docstring says what it holds)
 import runs
 import state_dicts
 from fsdp_course import checkpoint as ckpt
-from fsdp_course.config import TrainConfig, describe, int_at_least, list_flag, list_help, parse_config
+from fsdp_course.config import (
+    TrainConfig,
+    describe,
+    int_at_least,
+    list_flag,
+    list_help,
+    parse_config,
+)
 from fsdp_course.data import load_data
 from fsdp_course.dist import distributed, mean_over_ranks, say
-from fsdp_course.measure import MiB, CommCounter, state_bytes
+from fsdp_course.measure import CommCounter, MiB, state_bytes
 from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import MetricLogger, write_metrics
 

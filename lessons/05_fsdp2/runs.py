@@ -168,7 +168,7 @@ def compile_failure(cfg):
         failed["trace"] = [f"{'/'.join(Path(f).parts[-2:])}:{line} {fn}" for f, line, fn in frames]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _plain_meta_gpt(dims: tuple) -> GPT:
     """An uncompiled GPT of these ``ModelConfig`` fields on the meta device, built once per
     process: on the meta device every init op runs through Python, and every variant asks."""

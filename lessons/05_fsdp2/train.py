@@ -107,7 +107,8 @@ def build_fsdp2(cfg, env, mesh, model_cfg, shard_fn=None):
 
 def build_classic(cfg, env, reference):
     """Lesson 1's setup: FullyShardedDataParallel with one unit per Block."""
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
     return FSDP(copy.deepcopy(reference),

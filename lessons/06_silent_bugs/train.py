@@ -19,10 +19,10 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import exercise
 import part_batchnorm
 import part_init
 import part_precision
-import exercise
 from fsdp_course.config import TrainConfig, describe, list_flag, list_help, parse_config
 from fsdp_course.data import load_data
 from fsdp_course.dist import CourseError, distributed

@@ -27,8 +27,8 @@ import torch
 import torch.nn as nn
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from fsdp_course.measure_fsdp2 import CATEGORIES, CategoryPeakTracker
 from fsdp_course.measure import GatheredParamTracker
+from fsdp_course.measure_fsdp2 import CATEGORIES, CategoryPeakTracker
 
 # The tracker's category names -> the words of the course's plots. FSDP2's names come from
 # fsdp_course.measure_fsdp2.CATEGORIES; MemTracker (classic FSDP, DDP) has its own.

@@ -24,7 +24,10 @@ from dataclasses import dataclass, field
 import torch
 from torch.distributed._composable import checkpoint
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-    CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)
+    CheckpointImpl,
+    apply_activation_checkpointing,
+    checkpoint_wrapper,
+)
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -33,7 +36,7 @@ import runs
 from fsdp_course.config import TrainConfig, describe, parse_config, parse_variants
 from fsdp_course.data import load_data
 from fsdp_course.dist import CourseError, distributed, mean_over_ranks
-from fsdp_course.measure import MiB, CommCounter, state_bytes
+from fsdp_course.measure import CommCounter, MiB, state_bytes
 from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import MetricLogger, table, write_metrics
 

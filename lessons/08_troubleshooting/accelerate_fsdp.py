@@ -20,7 +20,6 @@ from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ecosystem  # noqa: E402
-
 from fsdp_course.config import TrainConfig, parse_config  # noqa: E402
 from fsdp_course.data import load_data  # noqa: E402
 from fsdp_course.dist import CourseError, distributed, mean_over_ranks  # noqa: E402

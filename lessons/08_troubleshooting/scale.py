@@ -58,8 +58,11 @@ def tensor_parallel_mlp(model, tp_mesh) -> None:
     the hidden units), ``proj`` row-wise (partial sums, all-reduced): one all-reduce per MLP in
     forward and one in backward. Attention stays replicated: the course model fuses q, k, v in
     one Linear, and a column split of that would cut across q/k/v instead of across heads."""
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
 
     for block in model.blocks:
         parallelize_module(block.mlp, tp_mesh, {"fc": ColwiseParallel(), "proj": RowwiseParallel()})
@@ -168,10 +171,11 @@ def validate(cfg, env) -> None:
 def grad_check(model, data, cfg, env, step: int) -> dict:
     """This step's gradients of the sharded model vs one process on the whole global batch,
     from the same weights (gathered from the shards: works after a resume too)."""
-    from fsdp_course.model import GPT
+    import logging
+
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    import logging
+    from fsdp_course.model import GPT
 
     # Gathering TP x FSDP shards logs a warning per tensor ("2 sequential all_gather"): noise here.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
@@ -198,8 +202,9 @@ def grad_check(model, data, cfg, env, step: int) -> dict:
 
 def measure_flat(cfg, env, reference, data, nodes, mesh, shapes) -> dict:
     """One step of plain fully_shard over all ranks (1-D mesh), bytes split by link."""
-    from fsdp_course.theory import hsdp
     from torch.distributed.fsdp import fully_shard
+
+    from fsdp_course.theory import hsdp
 
     flat_mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("all",))
     model = copy.deepcopy(reference)

@@ -36,7 +36,6 @@ from torch.distributed.fsdp import fully_shard
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the lesson's own modules
 import faults  # noqa: E402
 import scale  # noqa: E402
-
 from fsdp_course import checkpoint as ckpt  # noqa: E402
 from fsdp_course.config import TrainConfig, describe, parse_config  # noqa: E402
 from fsdp_course.data import load_data  # noqa: E402
