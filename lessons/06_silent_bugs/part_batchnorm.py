@@ -168,14 +168,16 @@ def classic_mixed_precision(cfg, env) -> list[dict]:
         watched = {name: module for name, module in model.named_modules()
                    if isinstance(module, (nn.Linear, _BatchNorm)) and name.startswith("layers.0")}
         for name, module in watched.items():  # before FSDP exists: runs before its hooks
-            module.register_forward_pre_hook(lambda m, args, name=name: record(arriving, m, args, name))
+            module.register_forward_pre_hook(
+                lambda m, args, name=name, seen=arriving: record(seen, m, args, name))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             model = FSDP(model, auto_wrap_policy=policy, device_id=env.device,
                          mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16,
                                                         buffer_dtype=buffer_dtype))
             for name, module in watched.items():  # after FSDP's own hooks: what forward receives
-                module.register_forward_pre_hook(lambda m, args, name=name: record(computed, m, args, name))
+                module.register_forward_pre_hook(
+                    lambda m, args, name=name, seen=computed: record(seen, m, args, name))
             try:
                 model(blobs(0, env.rank, env.world_size, 8, cfg.seed)[0].to(env.device))
                 error = ""

@@ -39,10 +39,10 @@ def figure(settings: dict, ax=None):
     result = plan_for(**settings)
     ax = ax or plt.subplots(figsize=(7, 3.2))[1]
     bottom = 0.0
-    for part, color in zip(PARTS, COLORS):
+    for part, shade in zip(PARTS, COLORS):
         value = result["at_peak"].get(part, 0) / GIB
         if value:
-            ax.barh([0], [value], left=bottom, color=color, label=f"{part} {value:.1f}")
+            ax.barh([0], [value], left=bottom, color=shade, label=f"{part} {value:.1f}")
             bottom += value
     allowance = result["allowance"] / GIB
     ax.barh([0], [allowance], left=bottom, color="white", edgecolor="black", hatch="//",

@@ -172,7 +172,7 @@ def train(cfg, env, data, announce: bool = True) -> dict:
             result["error"] = runs.first_line(exc)  # the real message, one line
             env.print0(f"FAILED on rank 0: {result['error']}")
         finally:
-            model = optimizer = loss = None  # noqa: F841 - free this variant before the next
+            model = optimizer = loss = None  # free this variant before the next
             gc.collect()  # DDP and FSDP keep reference cycles (hooks): free them now
     return result
 

@@ -19,14 +19,14 @@ import torch
 from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import ecosystem  # noqa: E402
-from fsdp_course.config import TrainConfig, parse_config  # noqa: E402
-from fsdp_course.data import load_data  # noqa: E402
-from fsdp_course.dist import CourseError, distributed, mean_over_ranks  # noqa: E402
-from fsdp_course.measure import state_bytes  # noqa: E402
-from fsdp_course.model import GPT, lm_loss  # noqa: E402
-from fsdp_course.report import table, write_metrics  # noqa: E402
-from fsdp_course.theory import fsdp2 as fsdp2_theory  # noqa: E402
+import ecosystem
+from fsdp_course.config import TrainConfig, parse_config
+from fsdp_course.data import load_data
+from fsdp_course.dist import CourseError, distributed, mean_over_ranks
+from fsdp_course.measure import state_bytes
+from fsdp_course.model import GPT, lm_loss
+from fsdp_course.report import table, write_metrics
+from fsdp_course.theory import fsdp2 as fsdp2_theory
 
 
 @dataclass

@@ -34,16 +34,16 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the lesson's own modules
-import faults  # noqa: E402
-import scale  # noqa: E402
-from fsdp_course import checkpoint as ckpt  # noqa: E402
-from fsdp_course.config import TrainConfig, describe, parse_config  # noqa: E402
-from fsdp_course.data import load_data  # noqa: E402
-from fsdp_course.dist import distributed, mean_over_ranks  # noqa: E402
-from fsdp_course.learner import load_learner  # noqa: E402
-from fsdp_course.measure import MiB, state_bytes  # noqa: E402
-from fsdp_course.model import GPT, lm_loss  # noqa: E402
-from fsdp_course.report import MetricLogger, write_metrics  # noqa: E402
+import faults
+import scale
+from fsdp_course import checkpoint as ckpt
+from fsdp_course.config import TrainConfig, describe, parse_config
+from fsdp_course.data import load_data
+from fsdp_course.dist import distributed, mean_over_ranks
+from fsdp_course.learner import load_learner
+from fsdp_course.measure import MiB, state_bytes
+from fsdp_course.model import GPT, lm_loss
+from fsdp_course.report import MetricLogger, write_metrics
 
 # The model returns logits that are a view: harmless here (nothing writes into them in place).
 warnings.filterwarnings("ignore", message=".*returned a view tensor")
