@@ -41,13 +41,15 @@ def main() -> None:
         mine.update(pid=os.getpid(), host=socket.gethostname(), device=str(env.device))
         everyone = [None] * env.world_size
         dist.all_gather_object(everyone, mine)  # a collective: every rank must call it
-        env.print0(f"lesson 0 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
+        env.print0(f"lesson 0 | {env.world_size} ranks | {env.backend} on {env.device.type} | "
+                   f"{describe(cfg)}")
         env.print0("\nwhat torchrun set in each process:")
         env.print0(table(everyone))
         # Every rank must join every collective; one that never comes leaves the others waiting
         # until the group's timeout. This course sets COURSE_TIMEOUT_S; PyTorch's defaults differ.
         timeouts = collective_timeouts(env.device)
-        env.print0(f"\ncollective timeout: this job {timeouts['this_job_s']:g} s (COURSE_TIMEOUT_S); "
+        env.print0(f"\ncollective timeout: this job {timeouts['this_job_s']:g} s "
+                   "(COURSE_TIMEOUT_S); "
                    f"PyTorch's default: gloo {timeouts['gloo_default_s']:g} s, "
                    f"NCCL {timeouts['nccl_default_s'] or float('nan'):g} s")
 
@@ -71,7 +73,8 @@ def main() -> None:
         logger = MetricLogger(env, cfg.log_every)
         grad_diff = None
         for step in range(cfg.steps):
-            x, y = data.batch(step, env.rank, env.world_size, cfg.batch_size, cfg.seq_len, env.device)
+            x, y = data.batch(step, env.rank, env.world_size, cfg.batch_size, cfg.seq_len,
+                              env.device)
             comm.reset()
             start = time.perf_counter()
             with activation_bytes(model) as activations:
@@ -92,7 +95,8 @@ def main() -> None:
         measured["activations"] = activations["bytes"]
         expected = theory.ddp_state_bytes(count)
         comm_expected = {"all_reduce": 4 * count} if env.world_size > 1 else {}
-        env.print0(f"\nDDP gradients vs one process on the global batch: max |diff| = {grad_diff:.2e}")
+        env.print0("\nDDP gradients vs one process on the global batch: max |diff| = "
+                   f"{grad_diff:.2e}")
         env.print0("\nper-rank bytes (a full replica on every rank, whatever the world size):")
         env.print0(table([{"category": k, "measured": v, "theory": expected.get(k, "-"),
                            "MiB": round(v / MiB, 3)} for k, v in measured.items()]))

@@ -39,7 +39,8 @@ def plan(cfg, world_size: int) -> list[tuple]:
 
 def run_label(cfg, strategy: str) -> str:
     """``FULL_SHARD + bf16 mixed precision``: the strategy and the options the run changes."""
-    options = [("bf16 mixed precision", cfg.mixed_precision), ("use_orig_params", cfg.use_orig_params),
+    options = [("bf16 mixed precision", cfg.mixed_precision),
+               ("use_orig_params", cfg.use_orig_params),
                ("sync_module_states", cfg.sync_module_states),
                ("no device mesh", strategy == "HYBRID_SHARD" and not cfg.mesh)]
     return " + ".join([strategy] + [name for name, on in options if on])
@@ -77,7 +78,8 @@ def describe_parameters(model, optimizer) -> dict:
 def shard_layout(model, world_size: int) -> list[list[dict]]:
     """For every rank, for every unit (root first): elements stored and how many of them are
     padding FSDP appended to even out the shards (``_shard_numel_padded``)."""
-    mine = [{"stored": fp.numel(), "padding": fp._shard_numel_padded} for fp in fsdp_flat_params(model)]
+    mine = [{"stored": fp.numel(), "padding": fp._shard_numel_padded}
+            for fp in fsdp_flat_params(model)]
     everyone = [None] * world_size
     dist.all_gather_object(everyone, mine)
     return everyone
@@ -99,7 +101,8 @@ def hybrid_groups(model, ran: str, grad_spread: float) -> dict:
     """What FSDP built for HYBRID_SHARD: its shard and replica groups, the strategy it runs, and
     how far the replicas' gradients (step 0) and weights (now) are apart."""
     return {"shard_group": model.process_group.size(), "replica_group": model._inter_node_pg.size(),
-            "ran_as": ran, "grad_spread": grad_spread, "weight_spread": replica_spread(model, "weights")}
+            "ran_as": ran, "grad_spread": grad_spread,
+            "weight_spread": replica_spread(model, "weights")}
 
 
 def print_report(env, watched: int, measured: dict, expected: dict, comm: dict, comm_expected: dict,
@@ -116,11 +119,15 @@ def print_report(env, watched: int, measured: dict, expected: dict, comm: dict, 
     env.print0(f"\ngradients averaged: divided by {factors['pre']:g} before the reduction and by "
                f"{factors['post']:g} after it")
     env.print0("gradient norm at step 0: "
-               f"torch.nn.utils.clip_grad_norm_ per rank {[round(n, 4) for n in norms['torch_nn_utils_per_rank']]}"
+               "torch.nn.utils.clip_grad_norm_ per rank "
+               f"{[round(n, 4) for n in norms['torch_nn_utils_per_rank']]}"
                f" | FSDP.clip_grad_norm_ {norms['fsdp']:.4f} | one process, global batch "
                f"{norms['single_process']:.4f}")
     if groups:
-        env.print0(f"HYBRID_SHARD's groups: shard group {groups['shard_group']} rank(s), replica group "
-                   f"{groups['replica_group']}; FSDP runs {groups['ran_as']}; the replicas differ by up "
-                   f"to {groups['grad_spread']:.3g} in a gradient (step 0) and {groups['weight_spread']:.3g} "
+        env.print0(f"HYBRID_SHARD's groups: shard group {groups['shard_group']} rank(s), replica "
+                   "group "
+                   f"{groups['replica_group']}; FSDP runs {groups['ran_as']}; the replicas differ "
+                   "by up "
+                   f"to {groups['grad_spread']:.3g} in a gradient (step 0) and "
+                   f"{groups['weight_spread']:.3g} "
                    "in a weight (last step)")

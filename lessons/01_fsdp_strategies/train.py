@@ -62,7 +62,8 @@ from runs import (
 @dataclass
 class Config(TrainConfig):
     strategy: Strategies = field(default=Strategies(("FULL_SHARD",)), metadata={
-        "parse": Strategies, "help": f"one of {', '.join(theory.STRATEGIES)}, or several separated by commas"})
+        "parse": Strategies,
+        "help": f"one of {', '.join(theory.STRATEGIES)}, or several separated by commas"})
     replicas: int = field(default=2, metadata={"help": "HYBRID_SHARD: replica groups (mesh rows)"})
     mesh: bool = field(default=True, metadata={
         "help": "HYBRID_SHARD: pass a device mesh; --no-mesh lets FSDP build its groups per node"})
@@ -97,14 +98,16 @@ def train(cfg: Config, strategy: str, label: str, env, data) -> dict:
     try:
         model = FSDP(
             model,
-            auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block}),
+            auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
+                                               transformer_layer_cls={Block}),
             sharding_strategy=ShardingStrategy[strategy],
             mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
             if cfg.mixed_precision else None,
             device_id=env.device,  # where FSDP moves the module and computes: this rank's GPU, or
                                    # the CPU (left out, FSDP looks for an accelerator)
             sync_module_states=cfg.sync_module_states,  # broadcast rank 0's weights (GPU only)
-            use_orig_params=cfg.use_orig_params,  # original names and groups; torch.compile needs it
+            # original names and groups; torch.compile needs it
+            use_orig_params=cfg.use_orig_params,
             device_mesh=mesh,
         )
     except ValueError as exc:
@@ -201,14 +204,20 @@ def main() -> None:
     with distributed(seed=cfg.seed) as env:
         # --- setup ---------------------------------------------------------------------------
         planned = plan(cfg, env.world_size)  # (config, strategy, label, variant): all checked first
-        env.print0(f"lesson 1 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
-        if any(strategy == "NO_SHARD" for _, strategy, _, _ in planned):  # torch warns at every unit: once
-            warnings.filterwarnings("ignore", message="The `NO_SHARD` sharding strategy is deprecated")
-            env.print0("note: torch 2.13 deprecates NO_SHARD (FutureWarning: use DistributedDataParallel)")
+        env.print0(f"lesson 1 | {env.world_size} ranks | {env.backend} on {env.device.type} | "
+                   f"{describe(cfg)}")
+        # torch warns at every unit: once
+        if any(strategy == "NO_SHARD" for _, strategy, _, _ in planned):
+            warnings.filterwarnings("ignore",
+                                    message="The `NO_SHARD` sharding strategy is deprecated")
+            env.print0("note: torch 2.13 deprecates NO_SHARD (FutureWarning: use "
+                       "DistributedDataParallel)")
         data = load_data(cfg.data, seed=cfg.seed)
 
-        runs = [train(c, strategy, label, env, data) for c, strategy, label, variant in planned if not variant]
-        more = [train(c, strategy, label, env, data) for c, strategy, label, variant in planned if variant]
+        runs = [train(c, strategy, label, env, data) for c, strategy, label, variant in planned
+                if not variant]
+        more = [train(c, strategy, label, env, data) for c, strategy, label, variant in planned
+                if variant]
 
         if env.device.type == "cuda":
             runs[-1]["cuda_max_allocated"] = torch.cuda.max_memory_allocated(env.device)

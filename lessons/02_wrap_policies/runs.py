@@ -77,7 +77,8 @@ def print_report(env, run: dict, comm: dict) -> None:
     note = "; nested units: no formula" if run["nested"] else ""
     env.print0(f"\nall-gathered parameters, peak bytes (theory: fsdp_course.theory.wrapping{note}):")
     env.print0(table([{"phase": phase, "measured": run[key], "theory": theory.get(phase, "-"),
-                       "MiB": round(run[key] / MiB, 3), "x param bytes": round(run[key] / param_bytes, 3)}
+                       "MiB": round(run[key] / MiB, 3),
+                       "x param bytes": round(run[key] / param_bytes, 3)}
                       for phase, key in (("forward", "gathered_forward"),
                                          ("backward", "gathered_backward"),
                                          ("step", "gathered_peak"))]))

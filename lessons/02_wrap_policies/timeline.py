@@ -155,8 +155,10 @@ class StepTimeline(TorchDispatchMode):
         for unit, fsdp_module in self.units.items():
             inner = fsdp_module._fsdp_wrapped_module
             self._hooks += [
-                inner.register_forward_pre_hook(lambda m, a, unit=unit: self._push(unit, "forward")),
-                inner.register_forward_hook(lambda m, a, out, unit=unit: self._on_forward_output(unit, out)),
+                inner.register_forward_pre_hook(lambda m, a,
+                                                unit=unit: self._push(unit, "forward")),
+                inner.register_forward_hook(lambda m, a, out,
+                                            unit=unit: self._on_forward_output(unit, out)),
                 fsdp_module._handle.flat_param.register_hook(
                     lambda grad, unit=unit: self._on_grad_ready(unit)),
             ]

@@ -58,7 +58,8 @@ from timeline import StepTimeline
 # When FSDP gathers each unit (--prefetch). FSDP's defaults: BACKWARD_PRE, no forward
 # prefetch, limit_all_gathers=True.
 PREFETCH = {
-    "pre": dict(backward_prefetch=BackwardPrefetch.BACKWARD_PRE),    # next unit when one starts backward
+    # next unit when one starts backward
+    "pre": dict(backward_prefetch=BackwardPrefetch.BACKWARD_PRE),
     "post": dict(backward_prefetch=BackwardPrefetch.BACKWARD_POST),  # ... when one has finished
     "none": dict(backward_prefetch=None),                            # each unit when it is needed
     "forward": dict(forward_prefetch=True),                          # also the next unit in forward
@@ -146,7 +147,8 @@ def train(cfg: Config, wrap: str, prefetch: str, env, data, custom_policy) -> di
             if watch:
                 measured = state_bytes(model, optimizer)  # before zero_grad: gradients still held
                 peak_forward, peak_backward, collectives = forward.peak, backward.peak, comm.summary()
-                total = sum(measured.values()) + max(forward.peak, backward.peak) + activations["bytes"]
+                total = sum(measured.values()) + max(forward.peak,
+                                                     backward.peak) + activations["bytes"]
             with timeline.phase("optimizer"):
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -178,7 +180,8 @@ def train(cfg: Config, wrap: str, prefetch: str, env, data, custom_policy) -> di
         "timeline": [r["timeline"] for r in per_rank] if cfg.timeline else None,
         "collectives": collectives,
         "collective_calls_theory": theory.wrapping.collective_calls(unit_numels, env.world_size),
-        "collective_bytes_theory": theory.collective_bytes(unit_numels, env.world_size, "FULL_SHARD"),
+        "collective_bytes_theory": theory.collective_bytes(unit_numels, env.world_size,
+                                                           "FULL_SHARD"),
         "watched_step": watched, **step_time(logger.history, watched),
         "loss_first": logger.history[0]["loss"], "loss_last": logger.history[-1]["loss"],
         "module_tree": repr(model), "history": logger.history,
@@ -193,7 +196,8 @@ def main() -> None:
         # --- setup -----------------------------------------------------------------------------
         plan = run_plan(cfg)  # (config, wrap, prefetch, variant) of every run, checked first
         custom_policy = load_policy(cfg.policy_file, {wrap for _, wrap, _, _ in plan})
-        env.print0(f"lesson 2 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
+        env.print0(f"lesson 2 | {env.world_size} ranks | {env.backend} on {env.device.type} | "
+                   f"{describe(cfg)}")
         if env.world_size == 1:
             env.print0("one rank: FSDP falls back to NO_SHARD, so nothing is gathered (try NPROC=2)")
         data = load_data(cfg.data, seed=cfg.seed)

@@ -124,7 +124,8 @@ def compare_with_reference(model: nn.Module, reference: nn.Module, rank: int,
     diff = (got - want).abs().max().item()
     ref_max = want.abs().max().item()
     return {
-        "held": "unsharded" if "unsharded" in kinds else ("none" if "none" in kinds and len(kinds) == 1
+        "held": "unsharded" if "unsharded" in kinds
+        else ("none" if "none" in kinds and len(kinds) == 1
                                                           else "sharded"),
         "missing": "none" in kinds,
         "max_abs_diff": diff, "max_abs_ref": ref_max, "rel_err": diff / ref_max,

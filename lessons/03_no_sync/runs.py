@@ -20,12 +20,16 @@ BUGS = ("none", "no-sync-last")
 # What a variant may change: the runs' own flags. The model, data and seed stay the command line's,
 # so that runs with the same micro-batch sizes share one big-batch reference.
 VARIANT_FLAGS = ("accum", "no_sync", "api", "bug", "last_batch_size", "steps", "batch_size")
-VARIANTS_HELP = ("more runs after the list flags' combinations, ';' between them: each the command line "
-                 f"with some of {', '.join(f.replace('_', '-') for f in VARIANT_FLAGS)} set to one value")
+VARIANTS_HELP = ("more runs after the list flags' combinations, ';' between them: each the command "
+                 "line "
+                 f"with some of {', '.join(f.replace('_', '-') for f in VARIANT_FLAGS)} set to one "
+                 "value")
 
 
-Counts = list_flag("Counts", item=int_at_least(1), expected="whole numbers of 1 or more, e.g. 4 or 1,2,4,8")
-Sizes = list_flag("Sizes", item=int_at_least(0), expected="whole numbers of 0 or more, e.g. 1 or 0,1")
+Counts = list_flag("Counts", item=int_at_least(1),
+                   expected="whole numbers of 1 or more, e.g. 4 or 1,2,4,8")
+Sizes = list_flag("Sizes", item=int_at_least(0),
+                  expected="whole numbers of 0 or more, e.g. 1 or 0,1")
 Switches = list_flag("Switches", item=lambda text: {"on": True, "off": False}[text],
                      expected="on, off, or on,off", show=lambda value: "on" if value else "off")
 Apis = list_flag("Apis", APIS, expected=f"{', '.join(APIS)}, or both separated by a comma")
@@ -52,7 +56,8 @@ def planned_runs(cfg) -> list[tuple]:
             check_flags(config)
             runs += [(config, *run) for run in combinations(config)]
         except CourseError as exc:
-            raise CourseError(str(exc) if variant is None else f"--variants {variant}: {exc}") from None
+            raise CourseError(str(exc) if variant is None
+                              else f"--variants {variant}: {exc}") from None
     return runs
 
 
@@ -61,23 +66,27 @@ def combinations(cfg) -> list[tuple]:
     something: the bug is no_sync on the last micro-batch too, so it needs no_sync on; a short
     last micro-batch is about the loss scaling of the lesson's own loop (no_sync on, no bug)."""
     runs = []
-    for api, no_sync, accum, bug, last in itertools.product(cfg.api, cfg.no_sync, cfg.accum, cfg.bug,
+    for api, no_sync, accum, bug, last in itertools.product(cfg.api, cfg.no_sync, cfg.accum,
+                                                            cfg.bug,
                                                             cfg.last_batch_size):
         sizes = (cfg.batch_size,) * (accum - 1) + (last or cfg.batch_size,)
         short = len(set(sizes)) > 1
         if (no_sync or bug == "none") and (not short or (no_sync and bug == "none")):
             runs.append((api, sizes, no_sync, bug))
     if not runs:
-        raise CourseError("--last-batch-size: a short last micro-batch runs with --no-sync on and no --bug")
+        raise CourseError("--last-batch-size: a short last micro-batch runs with --no-sync on and "
+                          "no --bug")
     return runs
 
 
-def print_header(env, api: str, sizes: list[int], no_sync: bool, bug: str, loop_file: str | None) -> None:
+def print_header(env, api: str, sizes: list[int], no_sync: bool, bug: str,
+                 loop_file: str | None) -> None:
     skip = "no_sync()" if api == "fsdp1" else "gradient sync off"
     which = "all" if bug != "none" else "all but the last of"
     what = f"{skip} on {which} {len(sizes)} micro-batches" if no_sync else "sync on every micro-batch"
     uneven = f" of {' + '.join(map(str, sizes))} sequences" if len(set(sizes)) > 1 else ""
-    env.print0(f"\n== {api}, K={len(sizes)}: {what}{uneven}{', your accumulate()' if loop_file else ''} ==")
+    env.print0(f"\n== {api}, K={len(sizes)}: "
+               f"{what}{uneven}{', your accumulate()' if loop_file else ''} ==")
 
 
 def held_mib(held: dict) -> float:
@@ -86,7 +95,8 @@ def held_mib(held: dict) -> float:
 
 def print_check(env, result: dict, sizes: list[int], tolerance: float) -> None:
     """Every rank's step-0 gradient against the big batch, and what the bug did."""
-    env.print0(f"step-0 gradient vs one process on the same micro-batches ({' + '.join(map(str, sizes))} "
+    env.print0("step-0 gradient vs one process on the same micro-batches "
+               f"({' + '.join(map(str, sizes))} "
                f"sequences per rank) as one batch (equal: rel err <= {tolerance:g}):")
     env.print0(table([{"rank": r["rank"], "grad after K": r["held"], "rel err": r["rel_err"],
                        "scale": round(r["scale"], 4), "equal": "yes" if r["equal"] else "NO",
@@ -100,7 +110,8 @@ def print_check(env, result: dict, sizes: list[int], tolerance: float) -> None:
                    "it holds only that rank's own micro-batches (rel err above, a different one on "
                    "each rank). AdamW had applied its weight decay before failing.")
     elif result["bug"] != "none":
-        env.print0("no error, and yet: no parameter has a .grad (the unsharded gradients were never "
+        env.print0("no error, and yet: no parameter has a .grad (the unsharded gradients were "
+                   "never "
                    "reduce-scattered), so optimizer.step() changed nothing, at every step.")
 
 
@@ -110,7 +121,8 @@ def print_summary(env, runs: list[dict]) -> None:
     uneven = any(len(set(r["micro_batch_sizes"])) > 1 for r in runs)  # ... sizes where they differ
     env.print0(table([{"api": r["api"], "K": r["accum"], "no_sync": Switches.show(r["no_sync"]),
                        **({"bug": r["bug"]} if bugs else {}),
-                       **({"sequences": "+".join(map(str, r["micro_batch_sizes"]))} if uneven else {}),
+                       **({"sequences": "+".join(map(str, r["micro_batch_sizes"]))} if uneven
+                          else {}),
                        "reduce_scatter": r["reduce_bytes"], "theory": r["reduce_bytes_theory"],
                        "all_gather": r["gather_bytes"],
                        "grads held MiB/rank": round((r["held_between_unsharded"]

@@ -54,15 +54,18 @@ class Config(TrainConfig):
     accum: Counts = field(default=Counts("4"), metadata={
         "help": "micro-batches per optimizer step (K): " + Counts.expected})
     no_sync: Switches = field(default=Switches("on"), metadata={
-        "help": "on: no gradient sync but on the last micro-batch; off: sync every one; on,off: both"})
+        "help": "on: no gradient sync but on the last micro-batch; off: sync every one; on,off: "
+                "both"})
     api: Apis = field(default=Apis("fsdp1"), metadata={
         "help": "fsdp1 (FullyShardedDataParallel + no_sync), fsdp2 (fully_shard + "
                 "set_requires_gradient_sync), or fsdp1,fsdp2"})
     bug: Bugs = field(default=Bugs("none"), metadata={
         "help": "no-sync-last: skip the sync on the last micro-batch too; none,no-sync-last: both"})
     loop_file: str | None = field(default=None, metadata={
-        "help": "a .py file defining accumulate(model, micro_batches, loss_fn): used instead of ours"})
-    tolerance: float = field(default=1e-5, metadata={"help": "equal: max|g - g_ref| <= this * max|g_ref|"})
+        "help": "a .py file defining accumulate(model, micro_batches, loss_fn): used instead of "
+                "ours"})
+    tolerance: float = field(default=1e-5,
+                             metadata={"help": "equal: max|g - g_ref| <= this * max|g_ref|"})
     steps: int = field(default=10, metadata={"help": "optimizer steps"})
     batch_size: int = field(default=8, metadata={"help": "sequences per rank per micro-batch"})
     last_batch_size: Sizes = field(default=Sizes("0"), metadata={
@@ -93,16 +96,19 @@ def accumulate(model, micro_batches, loss_fn, no_sync=True, bug="none"):
     return total
 
 
-def train(cfg: Config, api: str, sizes: tuple, no_sync: bool, bug: str, env, data, loop, references) -> dict:
+def train(cfg: Config, api: str, sizes: tuple, no_sync: bool, bug: str, env, data, loop,
+          references) -> dict:
     # --- model: the same initial weights on every rank (and in the reference) ---------------
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model_config(data.vocab_size)).to(env.device)
     accum = len(sizes)  # K micro-batches of these sizes (sequences per rank)
     if sizes not in references:  # every run starts from the same weights: once per sizes
         references[sizes] = accumulation.big_batch_reference(model, [  # every rank's step-0 rows
-            data.batch(i, 0, 1, n * env.world_size, cfg.seq_len, env.device) for i, n in enumerate(sizes)])
+            data.batch(i, 0, 1, n * env.world_size, cfg.seq_len, env.device) for i,
+            n in enumerate(sizes)])
     num_params = sum(p.numel() for p in model.parameters())
-    padded = (theory.accumulation.fsdp1_padded_numel(theory.fsdp_unit_numels(model, Block), env.world_size)
+    padded = (theory.accumulation.fsdp1_padded_numel(theory.fsdp_unit_numels(model, Block),
+                                                     env.world_size)
               if api == "fsdp1" else theory.accumulation.fsdp2_padded_numel(model, env.world_size))
 
     # --- shard: FULL_SHARD, one unit per transformer block, in either API -------------------
@@ -131,16 +137,19 @@ def train(cfg: Config, api: str, sizes: tuple, no_sync: bool, bug: str, env, dat
     logger = MetricLogger(env, cfg.log_every)
     step_error = None
     for step in range(cfg.steps):
-        micro_batches = [data.batch(step * accum + i, env.rank, env.world_size, n, cfg.seq_len, env.device)
+        micro_batches = [data.batch(step * accum + i, env.rank, env.world_size, n, cfg.seq_len,
+                                    env.device)
                          for i, n in enumerate(sizes)]
-        watch = step == 0  # the instruments slow a step: they watch step 0, which ms/step leaves out
+        # the instruments slow a step: they watch step 0, which ms/step leaves out
+        watch = step == 0
         start = time.perf_counter()
         with CommCounter() if watch else nullcontext() as comm:
             loss = loop(model, micro_batches, counting_loss if watch else lm_loss)
         ms = (time.perf_counter() - start) * 1e3
         if watch:  # the gradient against the one-process, one-big-batch reference
             grads, collectives = accumulation.held_grad_bytes(model), comm.summary()
-            check = accumulation.compare_with_reference(model, references[sizes], env.rank, env.world_size)
+            check = accumulation.compare_with_reference(model, references[sizes], env.rank,
+                                                        env.world_size)
             check["equal"] = check["rel_err"] is not None and check["rel_err"] <= cfg.tolerance
             before = [p.detach().clone() for p in model.parameters()]
         start = time.perf_counter()
@@ -156,10 +165,12 @@ def train(cfg: Config, api: str, sizes: tuple, no_sync: bool, bug: str, env, dat
             check["step_changed_params"] = any(
                 not torch.equal(b, p.detach()) for b, p in zip(before, model.parameters()))
             state = state_bytes(model, optimizer)
-            peak = state["params"] + state["optimizer"] + max(sum(held_between.values()), sum(grads.values()))
+            peak = state["params"] + state["optimizer"] + max(sum(held_between.values()),
+                                                              sum(grads.values()))
         optimizer.zero_grad(set_to_none=True)
         ms += (time.perf_counter() - start) * 1e3
-        loss = torch.as_tensor(loss or 0.0, device=env.device).float()  # a learner's loop may return None
+        # a learner's loop may return None
+        loss = torch.as_tensor(loss or 0.0, device=env.device).float()
         logger.log(step, mean_over_ranks(loss), ms, peak / MiB if watch else None,
                    comm.total_bytes / MiB if watch else None,
                    last=watch or step == cfg.steps - 1 or step_error is not None)
@@ -173,12 +184,15 @@ def train(cfg: Config, api: str, sizes: tuple, no_sync: bool, bug: str, env, dat
     result = {
         "api": api, "accum": accum, "no_sync": no_sync, "bug": bug, "num_params": num_params,
         "padded_numel": padded, "micro_batch_sizes": sizes, "step_error": step_error,
-        "ranks": per_rank, "grads_equal": all(r["equal"] for r in per_rank), "collectives": collectives,
+        "ranks": per_rank, "grads_equal": all(r["equal"] for r in per_rank),
+        "collectives": collectives,
         "reduce_bytes": collectives.get("reduce_scatter", {}).get("bytes", 0),
         "reduce_bytes_theory": theory.accumulation.reduce_bytes_per_step(padded, accum, no_sync),
         "gather_bytes": collectives.get("all_gather", {}).get("bytes", 0),
-        **{f"held_between_{kind}": max(r["held_between"][kind] for r in per_rank) for kind in held_between},
-        "held_theory": theory.accumulation.held_grad_bytes_theory(num_params, padded, env.world_size,
+        **{f"held_between_{kind}": max(r["held_between"][kind] for r in per_rank)
+           for kind in held_between},
+        "held_theory": theory.accumulation.held_grad_bytes_theory(num_params, padded,
+                                                                  env.world_size,
                                                                   no_sync) if accum > 1 else 0,
         "ms_per_step": unwatched_ms(logger.history), "history": logger.history,
         "loss_first": logger.history[0]["loss"], "loss_last": logger.history[-1]["loss"],
@@ -192,15 +206,18 @@ def main() -> None:
     with distributed(seed=cfg.seed) as env:
         # --- setup ---------------------------------------------------------------------------
         plan = planned_runs(cfg)  # every run's flags, checked first: a bad one is one line, exit 2
-        learner = load_learner(cfg.loop_file, "--loop-file", "accumulate(model, micro_batches, loss_fn)"
+        learner = load_learner(cfg.loop_file, "--loop-file",
+                               "accumulate(model, micro_batches, loss_fn)"
                                ).accumulate if cfg.loop_file else None
-        env.print0(f"lesson 3 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
+        env.print0(f"lesson 3 | {env.world_size} ranks | {env.backend} on {env.device.type} | "
+                   f"{describe(cfg)}")
         data = load_data(cfg.data, seed=cfg.seed)
         # FSDP2 warns that the model returns a view; lm_loss never modifies it in place.
         warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
 
         runs, references = [], {}
-        for run_cfg, api, sizes, no_sync, bug in plan:  # the command line's runs, then the variants'
+        # the command line's runs, then the variants'
+        for run_cfg, api, sizes, no_sync, bug in plan:
             loop = learner or functools.partial(accumulate, no_sync=no_sync, bug=bug)
             runs.append(train(run_cfg, api, sizes, no_sync, bug, env, data, loop, references))
 

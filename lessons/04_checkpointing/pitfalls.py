@@ -26,11 +26,13 @@ from state_dicts import build_as, fresh_dir
 def _one_line(exc: BaseException) -> str:
     """The line that says what went wrong: load_state_dict's first line is only a header, and
     its "While copying the parameter named ..." wraps the real error at the end."""
-    lines = [line.strip() for line in str(exc).strip().splitlines() if not line.startswith("Error(s) in")]
+    lines = [line.strip() for line in str(exc).strip().splitlines()
+             if not line.startswith("Error(s) in")]
     if not lines:
         return type(exc).__name__
     line = lines[0]
-    copying = re.match(r'While copying the parameter named "([^"]+)".*an exception occurred : (.*)', line)
+    copying = re.match(r'While copying the parameter named "([^"]+)".*an exception occurred : (.*)',
+                       line)
     if copying:
         line = f"{copying.group(1)}: {copying.group(2).strip(chr(39) + '(),.')}"
     return f"{type(exc).__name__}: {line[:220]}"
@@ -61,7 +63,8 @@ def _save_per_rank(model, optimizer, path: Path, env) -> dict:
             "tensor type": type(first).__name__, "model_tensors": len(model_sd),
             "model bytes held": tensor_bytes(model_sd),
             "model bytes the shapes say": sum(4 * v.numel() for v in model_sd.values()),
-            "optim_keys": list(optim_sd["state"])[:4], "optim_bytes": tensor_bytes(optim_sd["state"]),
+            "optim_keys": list(optim_sd["state"])[:4],
+            "optim_bytes": tensor_bytes(optim_sd["state"]),
             "collectives": comm.summary()}
 
 
@@ -73,15 +76,18 @@ def _load_fsdp2_file(path: Path, plain: torch.nn.Module) -> list[dict]:
     # only torch, a weights_only load refuses the file:
     torch.serialization.clear_safe_globals()
     try:
-        refused = _try("torch.load(rank0.pt) after `import torch` only", lambda: torch.load(path, weights_only=True))
+        refused = _try("torch.load(rank0.pt) after `import torch` only",
+                       lambda: torch.load(path, weights_only=True))
     finally:
         torch.serialization.add_safe_globals(allowed)
     loaded = torch.load(path, weights_only=True)["model"]
     tok = loaded["tok_emb.weight"]
-    rows = [refused, {"what": "torch.load(rank0.pt) with torch.distributed.tensor imported", "ok": True,
+    rows = [refused, {"what": "torch.load(rank0.pt) with torch.distributed.tensor imported",
+                      "ok": True,
                       "message": f"{type(tok).__name__} tok_emb.weight: shape {list(tok.shape)}, "
                                  f"holds {list(tok.to_local().shape)}"}]
-    rows.append(_try("plain GPT.load_state_dict(those DTensors)", lambda: plain.load_state_dict(loaded)))
+    rows.append(_try("plain GPT.load_state_dict(those DTensors)",
+                     lambda: plain.load_state_dict(loaded)))
     rows.append(_try("plain GPT.load_state_dict(their to_local() parts)",
                      lambda: plain.load_state_dict({k: v.to_local() for k, v in loaded.items()})))
     return rows
@@ -89,28 +95,34 @@ def _load_fsdp2_file(path: Path, plain: torch.nn.Module) -> list[dict]:
 
 def torch_save_pitfall(model, optimizer, env, out_dir) -> dict:
     out_dir = fresh_dir(Path(out_dir), env)
-    fsdp2_model, fsdp2_optimizer = build_as("FSDP2", model.module.cfg, optimizer.param_groups[0]["lr"], 0, env.device)
+    fsdp2_model, fsdp2_optimizer = build_as("FSDP2", model.module.cfg,
+                                            optimizer.param_groups[0]["lr"], 0, env.device)
     # Classic FSDP's default state dict is FULL_STATE_DICT: it all-gathers every unit, so EVERY
     # rank must call it (a collective), and every rank ends up holding the full model.
-    classic = _gather_rows(_save_per_rank(model, optimizer, out_dir / f"rank{env.rank}.pt", env), env)
+    classic = _gather_rows(_save_per_rank(model, optimizer, out_dir / f"rank{env.rank}.pt", env),
+                           env)
     # FSDP2's state dict is its DTensor shards, gathered by nobody: each rank saves only its part.
-    fsdp2 = _gather_rows(_save_per_rank(fsdp2_model, fsdp2_optimizer, out_dir / f"fsdp2_rank{env.rank}.pt", env), env)
+    fsdp2 = _gather_rows(_save_per_rank(fsdp2_model, fsdp2_optimizer,
+                                        out_dir / f"fsdp2_rank{env.rank}.pt", env), env)
     result = {"classic": classic, "fsdp2": fsdp2,
               "num_params": sum(p.numel() for p in GPT(model.module.cfg).parameters())}
     if env.is_rank0:
         plain = GPT(model.module.cfg)
         saved = torch.load(out_dir / "rank0.pt", weights_only=True)
         result["classic_loads"] = [
-            _try("plain GPT.load_state_dict(rank0.pt['model'])", lambda: plain.load_state_dict(saved["model"])),
+            _try("plain GPT.load_state_dict(rank0.pt['model'])",
+                 lambda: plain.load_state_dict(saved["model"])),
             _try("plain AdamW.load_state_dict(rank0.pt['optim'])",
                  lambda: torch.optim.AdamW(plain.parameters()).load_state_dict(saved["optim"]))]
         result["fsdp2_loads"] = _load_fsdp2_file(out_dir / "fsdp2_rank0.pt", GPT(model.module.cfg))
-        columns = ["rank", "file", "file_bytes", "tensor type", "model bytes held", "model bytes the shapes say",
+        columns = ["rank", "file", "file_bytes", "tensor type", "model bytes held",
+                   "model bytes the shapes say",
                    "optim_keys", "optim_bytes"]
         for name in ("classic", "fsdp2"):
             env.print0(f"\ntorch.save(model.state_dict()) on every rank, {name}:")
             env.print0(table([{k: r[k] for k in columns} for r in result[name]]))
-            env.print0(f"collectives in model.state_dict() on rank 0: {result[name][0]['collectives'] or 'none'}")
+            env.print0("collectives in model.state_dict() on rank 0: "
+                       f"{result[name][0]['collectives'] or 'none'}")
             env.print0(table(result[f"{name}_loads"]))
     return result
 
@@ -118,7 +130,8 @@ def torch_save_pitfall(model, optimizer, env, out_dir) -> dict:
 def _rng_file(path: Path) -> str:
     """Which file of a DCP checkpoint holds the RNG state (DCP's .metadata says)."""
     storage = FileSystemReader(str(path)).read_metadata().storage_data
-    return ", ".join(sorted({v.relative_path for k, v in storage.items() if k.fqn == "trainer.rng"}))
+    return ", ".join(sorted({v.relative_path for k, v in storage.items()
+                             if k.fqn == "trainer.rng"}))
 
 
 def rng_dedup(model, optimizer, env, out_dir, save_fn, load_fn, build_fresh) -> dict:
@@ -137,7 +150,8 @@ def rng_dedup(model, optimizer, env, out_dir, save_fn, load_fn, build_fresh) -> 
         restored = torch.get_rng_state()
         expected = torch.rand(1, generator=torch.Generator().set_state(saved)).item()
         rows += _gather_rows({"case": case, "rank": env.rank, "saved RNG": digest(saved)[:8],
-                              "restored RNG": digest(restored)[:8], "own state back": torch.equal(restored, saved),
+                              "restored RNG": digest(restored)[:8],
+                              "own state back": torch.equal(restored, saved),
                               "next rand() expected": round(expected, 6),
                               "next rand() after load": round(torch.rand(1).item(), 6)}, env)
         files[case] = _rng_file(path) if env.is_rank0 else None

@@ -21,9 +21,11 @@ def periodic_checkpoints(cfg) -> bool:
     periodic = not (cfg.save or cfg.load or cfg.bug) and cfg.ckpt_every > 0
     if cfg.crash_at_step is not None:
         if not periodic:
-            raise CourseError("--crash-at-step needs periodic checkpoints (not with --save/--load/--bug, --ckpt-every > 0)")
+            raise CourseError("--crash-at-step needs periodic checkpoints (not with "
+                              "--save/--load/--bug, --ckpt-every > 0)")
         if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) < 1:
-            raise CourseError("--crash-at-step kills a rank: allow a restart, e.g. MAX_RESTARTS=1 bash launch/lesson4.sh --crash-at-step 5")
+            raise CourseError("--crash-at-step kills a rank: allow a restart, e.g. MAX_RESTARTS=1 "
+                              "bash launch/lesson4.sh --crash-at-step 5")
     if cfg.ckpt_module and not cfg.save and not cfg.load:
         raise CourseError("--ckpt-module is used by --save / --load: give one of them")
     if cfg.reload and not cfg.save:
@@ -79,7 +81,8 @@ def against_saved(path, model, optimizer, env) -> tuple[dict, dict | None]:
     if not saved.is_file():
         return loaded, None
     verdict = ckpt.compare_fingerprints(ckpt.read_json(saved), loaded)
-    env.print0(f"loaded {path} on {env.world_size} ranks: equal to the saved model and optimizer: {verdict['equal']}")
+    env.print0(f"loaded {path} on {env.world_size} ranks: equal to the saved model and optimizer: "
+               f"{verdict['equal']}")
     return loaded, verdict
 
 
@@ -98,5 +101,6 @@ def save_and_reload(cfg, save_fn, load_fn, model, optimizer, build_copy, env) ->
         load_fn(cfg.save, copy, copy_optimizer)
         out["reloaded"] = ckpt.fingerprint(copy, copy_optimizer, rng=True)
         out["equal_reloaded"] = ckpt.compare_fingerprints(saved, out["reloaded"])
-        env.print0(f"loaded back into a fresh model, bitwise equal (RNG included): {out['equal_reloaded']}")
+        env.print0("loaded back into a fresh model, bitwise equal (RNG included): "
+                   f"{out['equal_reloaded']}")
     return out

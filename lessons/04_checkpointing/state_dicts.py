@@ -61,7 +61,8 @@ CLASSIC = {
                          LocalOptimStateDictConfig()),
 }
 FULL_LOAD = FullStateDictConfig(rank0_only=False, offload_to_cpu=False)
-ROWS = (("classic", "FULL_STATE_DICT"), ("classic", "SHARDED_STATE_DICT"), ("classic", "LOCAL_STATE_DICT"),
+ROWS = (("classic", "FULL_STATE_DICT"), ("classic", "SHARDED_STATE_DICT"),
+        ("classic", "LOCAL_STATE_DICT"),
         ("classic", "get_state_dict"), ("FSDP2", "get_state_dict"), ("DDP", "get_state_dict"))
 
 
@@ -139,7 +140,8 @@ def _load(kind: str, model, optimizer, out: Path, env, record: list):
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=out)  # in place, into this model's own layout
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
         return
     if kind == "FULL_STATE_DICT":
         state = torch.load(out / "full.pt", weights_only=True)
@@ -169,18 +171,22 @@ def _measure(wrapper, kind, model, optimizer, out, env, build_fresh, reference, 
     _save(kind, state, out, env)
     save_ms = (time.perf_counter() - start) * 1e3
     del state, model_sd, optim_sd
-    fresh, fresh_optimizer = build_fresh(wrapper)  # another init: the load must overwrite everything
+    # another init: the load must overwrite everything
+    fresh, fresh_optimizer = build_fresh(wrapper)
     start = time.perf_counter()
     _load(kind, fresh, fresh_optimizer, out, env, record)
     load_ms = (time.perf_counter() - start) * 1e3
     files = list_files(out)
-    return {"state dict": f"{wrapper} {kind}", "held rank 0": held[0], "held max other": max(held[1:], default=0),
+    return {"state dict": f"{wrapper} {kind}", "held rank 0": held[0],
+            "held max other": max(held[1:], default=0),
             "held all ranks": sum(held), "model gathered": _gathered(model_comm),
             "optim gathered": _gathered(optim_comm), "files": len(files),
             "file bytes": sum(f["bytes"] for f in files),
-            "of which .metadata": sum(f["bytes"] for f in files if f["file"] == ".metadata"), "save ms": round(save_ms, 1),
+            "of which .metadata": sum(f["bytes"] for f in files if f["file"] == ".metadata"),
+            "save ms": round(save_ms, 1),
             "load ms": round(load_ms, 1),
-            "round trip equal": compare_fingerprints(reference, fingerprint(fresh, fresh_optimizer))["equal"]}
+            "round trip equal": compare_fingerprints(reference,
+                                                     fingerprint(fresh, fresh_optimizer))["equal"]}
 
 
 def compare_types(model, optimizer, env, out_dir, build_classic) -> dict:
@@ -200,14 +206,20 @@ def compare_types(model, optimizer, env, out_dir, build_classic) -> dict:
         source, source_optimizer = model, optimizer
         if wrapper != "classic":
             source, source_optimizer = build_fresh(wrapper, seed=99)
-            _load("get_state_dict", source, source_optimizer, out_dir / "classic_get_state_dict", env, record)
-            from_classic[wrapper] = compare_fingerprints(reference, fingerprint(source, source_optimizer))["equal"]
+            _load("get_state_dict", source, source_optimizer, out_dir / "classic_get_state_dict",
+                  env, record)
+            from_classic[wrapper] = compare_fingerprints(reference,
+                                                         fingerprint(source,
+                                                                     source_optimizer))["equal"]
         out = fresh_dir(out_dir / f"{wrapper}_{kind}", env)
-        rows.append(_measure(wrapper, kind, source, source_optimizer, out, env, build_fresh, reference, record))
+        rows.append(_measure(wrapper, kind, source, source_optimizer, out, env, build_fresh,
+                             reference, record))
     env.print0("\nstate-dict types (model + AdamW state), measured:")
     env.print0(table(rows))
-    env.print0(f"the classic model's DCP checkpoint loaded into FSDP2 and DDP, bitwise equal: {from_classic}")
-    env.print0(f"FSDP.state_dict_type warned (once shown, then silenced): {record[0] if record else 'nothing'}")
+    env.print0("the classic model's DCP checkpoint loaded into FSDP2 and DDP, bitwise equal: "
+               f"{from_classic}")
+    env.print0("FSDP.state_dict_type warned (once shown, then silenced): "
+               f"{record[0] if record else 'nothing'}")
     return {"rows": rows, "from_classic": from_classic, "warning": record[0] if record else None,
             "param_bytes": sum(4 * p.numel() for p in GPT(model_cfg).parameters()),
             "param_tensors": len(list(GPT(model_cfg).parameters()))}

@@ -56,23 +56,47 @@ from fsdp_course.report import MetricLogger, write_metrics
 
 @dataclass
 class Config(TrainConfig):
-    steps: int = field(default=8, metadata={"help": "train until this step (a total, also after a resume)"})
+    steps: int = field(default=8,
+                       metadata={"help": "train until this step (a total, also after a resume)"})
     d_model: int = 64  # a smaller model than lessons 1-3: here the saves and loads are the point
     n_layers: int = 2
     log_every: int = 2
     ckpt_every: int = field(default=4, metadata={"help": "checkpoint every N steps (0: never)"})
     ckpt_dir: str = field(default="runs/lesson4/ckpt", metadata={"help": "where checkpoints go"})
-    keep: int = field(default=2, metadata={"parse": int_at_least(1), "help": "keep the newest N checkpoints (at least 1: a resume needs the newest)"})
-    resume: bool = field(default=False, metadata={"help": "resume from the newest checkpoint (automatic after a restart)"})
-    crash_at_step: int | None = field(default=None, metadata={"help": "kill the last rank once at this step (needs MAX_RESTARTS>=1)"})
-    crash_in: str = field(default="step", metadata={"choices": ("step", "save"), "help": "step: before the step; save: during the first save at or after it"})
-    rng: str = field(default="shared", metadata={"choices": ("shared", "per-rank"), "help": "per-rank: each rank reseeds after the build (its own dropout masks, say)"})
-    save: str | None = field(default=None, metadata={"help": "after training, save a DCP checkpoint here"})
-    reload: bool = field(default=False, metadata={"help": "after --save, load it into a fresh model (another init and RNG) and compare"})
-    load: str | None = field(default=None, metadata={"help": "load this DCP checkpoint first (any world size)"})
-    ckpt_module: str | None = field(default=None, metadata={"help": "a .py file with save(path, model, optimizer) and load(path, model, optimizer) for --save/--load"})
-    demo: tuple[str, ...] = field(default=(), metadata={"parse": list_flag("Demos", runs.DEMOS), "help": list_help("after training", runs.DEMOS)})
-    bug: str | None = field(default=None, metadata={"choices": ("rank0-only", "offload-cpu"), "help": "rank0-only: state_dict() on rank 0 only; offload-cpu: offload_to_cpu=True on CPU ranks"})
+    keep: int = field(default=2, metadata={"parse": int_at_least(1),
+                                           "help": "keep the newest N checkpoints (at least 1: a "
+                                                   "resume needs the newest)"})
+    resume: bool = field(default=False,
+                         metadata={"help": "resume from the newest checkpoint (automatic after a "
+                                           "restart)"})
+    crash_at_step: int | None = field(default=None,
+                                      metadata={"help": "kill the last rank once at this step "
+                                                        "(needs MAX_RESTARTS>=1)"})
+    crash_in: str = field(default="step",
+                          metadata={"choices": ("step", "save"),
+                                    "help": "step: before the step; save: during the first save at "
+                                            "or after it"})
+    rng: str = field(default="shared", metadata={"choices": ("shared", "per-rank"),
+                                                 "help": "per-rank: each rank reseeds after the "
+                                                         "build (its own dropout masks, say)"})
+    save: str | None = field(default=None,
+                             metadata={"help": "after training, save a DCP checkpoint here"})
+    reload: bool = field(default=False,
+                         metadata={"help": "after --save, load it into a fresh model (another init "
+                                           "and RNG) and compare"})
+    load: str | None = field(default=None,
+                             metadata={"help": "load this DCP checkpoint first (any world size)"})
+    ckpt_module: str | None = field(default=None,
+                                    metadata={"help": "a .py file with save(path, model, "
+                                                      "optimizer) and load(path, model, optimizer) "
+                                                      "for --save/--load"})
+    demo: tuple[str, ...] = field(default=(),
+                                  metadata={"parse": list_flag("Demos", runs.DEMOS),
+                                            "help": list_help("after training", runs.DEMOS)})
+    bug: str | None = field(default=None,
+                            metadata={"choices": ("rank0-only", "offload-cpu"),
+                                      "help": "rank0-only: state_dict() on rank 0 only; "
+                                              "offload-cpu: offload_to_cpu=True on CPU ranks"})
 
 
 def build(cfg, env, data, seed):
@@ -103,7 +127,8 @@ def save_checkpoint(path, model, optimizer, step, env, crash=False):
     model_sd, optim_sd = get_state_dict(model, optimizer)  # ShardedTensors (FSDP2: DTensors)
     # The RNG state is a plain tensor, the same key on every rank: DCP keeps ONE copy of it.
     # (The CPU generator; on GPUs dropout draws from torch.cuda.get_rng_state()'s, save it too.)
-    state = {"model": model_sd, "optim": optim_sd, "trainer": {"step": step, "rng": torch.get_rng_state()}}
+    state = {"model": model_sd, "optim": optim_sd,
+             "trainer": {"step": step, "rng": torch.get_rng_state()}}
     with ckpt.atomic_dir(path, env.is_rank0) as tmp:  # .tmp-step_N, renamed once all are done
         writer = ckpt.CrashingWriter(tmp) if crash else dcp.FileSystemWriter(tmp)
         dcp.save(state, storage_writer=writer)
@@ -112,10 +137,12 @@ def save_checkpoint(path, model, optimizer, step, env, crash=False):
 def load_checkpoint(path, model, optimizer) -> int:
     """The same structure as the save, sharded as *this* run is: DCP reads the slices it needs."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd, "trainer": {"step": 0, "rng": torch.get_rng_state()}}
+    state = {"model": model_sd, "optim": optim_sd,
+             "trainer": {"step": 0, "rng": torch.get_rng_state()}}
     ckpt.check_loadable(path, {f"model.{k}": list(v.shape) for k, v in model_sd.items()})
     dcp.load(state, checkpoint_id=path)  # fills model_sd / optim_sd in place
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
     torch.set_rng_state(state["trainer"]["rng"])
     return state["trainer"]["step"]
 
@@ -124,11 +151,13 @@ def main() -> None:
     cfg = parse_config(Config, __doc__)
     with distributed(seed=cfg.seed) as env:
         # --- setup -------------------------------------------------------------------------
-        ckpt.quiet_state_dict_warnings()  # repeated on every call; --demo types shows one, explained
+        # repeated on every call; --demo types shows one, explained
+        ckpt.quiet_state_dict_warnings()
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         periodic = runs.periodic_checkpoints(cfg)  # and the flags that need it, checked
         save_fn, load_fn = runs.checkpoint_functions(cfg, save_checkpoint, load_checkpoint, env)
-        env.print0(f"lesson 4 | {env.world_size} ranks | {env.backend} | attempt {restart} | {describe(cfg)}")
+        env.print0(f"lesson 4 | {env.world_size} ranks | {env.backend} | attempt {restart} | "
+                   f"{describe(cfg)}")
         data = load_data(cfg.data, seed=cfg.seed)
         root = Path(cfg.ckpt_dir)
         results = {"restart_count": restart, "saves": []}
@@ -139,7 +168,8 @@ def main() -> None:
         if cfg.load:
             step, results["load_ms"] = runs.timed(load_fn, cfg.load, model, optimizer)
             start = step if isinstance(step, int) else cfg.steps  # a learner's load may not say
-            results["loaded"], results["equal_to_saved"] = runs.against_saved(cfg.load, model, optimizer, env)
+            results["loaded"], results["equal_to_saved"] = runs.against_saved(cfg.load, model,
+                                                                              optimizer, env)
         elif periodic and (restart > 0 or cfg.resume):  # the newest published one; .tmp-* never
             start, resumed = runs.resume_newest(root, load_checkpoint, model, optimizer, env)
             results.update(resumed)
@@ -156,12 +186,14 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             with CommCounter() as comm:
                 (loss, held), ms = runs.timed(train_step, model, optimizer, data, env, cfg, step)
-            logger.log(step, loss, ms, held / MiB, comm.total_bytes / MiB, last=step == cfg.steps - 1)
+            logger.log(step, loss, ms, held / MiB, comm.total_bytes / MiB,
+                       last=step == cfg.steps - 1)
             if periodic and (step + 1) % cfg.ckpt_every == 0:
                 crash = victim and cfg.crash_in == "save" and step + 1 >= cfg.crash_at_step
                 path = ckpt.step_dir(root, step + 1)
                 _, ms = runs.timed(save_checkpoint, path, model, optimizer, step + 1, env, crash)
-                results["saves"].append({"step": step + 1, "ms": ms, "files": ckpt.list_files(path)})
+                results["saves"].append({"step": step + 1, "ms": ms,
+                                         "files": ckpt.list_files(path)})
                 if env.is_rank0:
                     ckpt.prune(root, cfg.keep)
 
@@ -180,24 +212,31 @@ def main() -> None:
         build_copy = functools.partial(build, cfg, env, data, cfg.seed + 1)  # another init and RNG
         with torch.random.fork_rng(devices=[]):  # the demos build (and seed) models of their own
             if "torch-save" in cfg.demo:  # classic FSDP, and an FSDP2 model of the same GPT
-                results["torch_save"] = pitfalls.torch_save_pitfall(model, optimizer, env, root / "torch_save")
+                results["torch_save"] = pitfalls.torch_save_pitfall(model, optimizer, env,
+                                                                    root / "torch_save")
             if "types" in cfg.demo:
-                results["types"] = state_dicts.compare_types(model, optimizer, env, root / "types", build_copy)
+                results["types"] = state_dicts.compare_types(model, optimizer, env, root / "types",
+                                                             build_copy)
             if "rng" in cfg.demo:
-                results["rng"] = pitfalls.rng_dedup(model, optimizer, env, root / "rng", save_fn, load_fn, build_copy)
+                results["rng"] = pitfalls.rng_dedup(model, optimizer, env, root / "rng", save_fn,
+                                                    load_fn, build_copy)
         if cfg.save:  # then --reload: into a fresh model, compared bitwise, RNG included
-            results.update(runs.save_and_reload(cfg, save_fn, load_fn, model, optimizer, build_copy, env))
+            results.update(runs.save_and_reload(cfg, save_fn, load_fn, model, optimizer, build_copy,
+                                                env))
 
         # --- report: the run against a restored copy and an uninterrupted one -----------------
         if periodic:
             results["final"] = final = ckpt.fingerprint(model, optimizer, rng=True)
-            oldest = ckpt.published(root)[0]  # restored from it with seed + 1: the load must overwrite all
-            for name, seed, source in (("restored", cfg.seed + 1, oldest), ("uninterrupted", cfg.seed, None)):
+            # restored from it with seed + 1: the load must overwrite all
+            oldest = ckpt.published(root)[0]
+            for name, seed, source in (("restored", cfg.seed + 1, oldest),
+                                       ("uninterrupted", cfg.seed, None)):
                 copy, copy_optimizer = build(cfg, env, data, seed)
                 first = load_checkpoint(source, copy, copy_optimizer) if source else 0
                 for step in range(first, cfg.steps):
                     train_step(copy, copy_optimizer, data, env, cfg, step)
-                verdict = results[f"equal_{name}"] = {"from_step": first, **ckpt.compare_fingerprints(
+                verdict = results[f"equal_{name}"] = {"from_step": first,
+                                                      **ckpt.compare_fingerprints(
                     final, ckpt.fingerprint(copy, copy_optimizer, rng=True))}
                 env.print0(f"{name:>13} copy (from step {first}) ends bitwise equal: "
                            f"{verdict['equal']} {verdict['different'] or ''}")

@@ -92,18 +92,21 @@ def validate(cfg, world_size: int) -> None:
     """Refuse flag combinations that mean nothing (ValueError: the script turns it into one line)."""
     reshard = cfg.reshard_after_forward
     if cfg.api == "classic":
-        fsdp2_only = {"--bug": cfg.bug, "--shard-module": cfg.shard_module, "--prefetch": cfg.prefetch,
+        fsdp2_only = {"--bug": cfg.bug, "--shard-module": cfg.shard_module,
+                      "--prefetch": cfg.prefetch,
                       "--cpu-offload": cfg.cpu_offload, "--compile": cfg.compile != "none",
                       "--replicas": cfg.replicas > 1}
         used = [flag for flag, value in fsdp2_only.items() if value]
         if used:
-            raise ValueError(f"api=classic: {', '.join(used)} belong to the FSDP2 path here (api=fsdp2)")
+            raise ValueError(f"api=classic: {', '.join(used)} belong to the FSDP2 path here "
+                             "(api=fsdp2)")
         if reshard not in (None, False):
             raise ValueError("api=classic: reshard-after-forward default (FULL_SHARD: the root is "
                              "never resharded) or false (SHARD_GRAD_OP)")
     shards = world_size // max(cfg.replicas, 1)
     if isinstance(reshard, int) and not isinstance(reshard, bool) and shards % reshard:
-        raise ValueError(f"--reshard-after-forward {reshard}: must divide the {shards} ranks of a shard group")
+        raise ValueError(f"--reshard-after-forward {reshard}: must divide the {shards} ranks of a "
+                         "shard group")
     if cfg.replicas < 1 or world_size % cfg.replicas:
         raise ValueError(f"--replicas {cfg.replicas}: must divide the {world_size} ranks")
     if cfg.grad_accum < 1 or cfg.steps < 1 or cfg.prefetch < 0:
@@ -164,7 +167,8 @@ def compile_failure(cfg):
         text = str(exc).strip()
         failed["error"] = f"{type(exc).__name__}: {text.splitlines()[0]}"
         # Where Dynamo was when it gave up ("from user code:"): file, line and function.
-        frames = re.findall(r'File "([^"]+)", line (\d+), in (\w+)', text.partition("from user code:")[2])
+        frames = re.findall(r'File "([^"]+)", line (\d+), in (\w+)',
+                            text.partition("from user code:")[2])
         failed["trace"] = [f"{'/'.join(Path(f).parts[-2:])}:{line} {fn}" for f, line, fn in frames]
 
 
@@ -189,7 +193,8 @@ def export_check(model, model_cfg) -> str:
     except RuntimeError as exc:
         head = str(exc).partition(":")[0]  # "Error(s) in loading state_dict for GPT"
     keys = plain.load_state_dict(exported, strict=False)  # the same keys, as lists
-    return (f"{head}: {len(keys.missing_keys)} missing keys ({', '.join(keys.missing_keys[:2])}, ...), "
+    return (f"{head}: {len(keys.missing_keys)} missing keys ({', '.join(keys.missing_keys[:2])}, "
+            "...), "
             f"{len(keys.unexpected_keys)} unexpected ({', '.join(keys.unexpected_keys[:2])}, ...)")
 
 
@@ -219,14 +224,16 @@ def checks_before_training(cfg, env, data, model, optimizer, reference) -> dict:
             "classes": [type(model).__name__, type(model.blocks[0]).__name__],
             "checks": {"mask_errors": int(mask_errors),
                        "reference_loss0": reference_loss0(cfg, env, data, reference),
-                       "optimizer_holds_model_params": all(id(p) in held for p in model.parameters())}}
+                       "optimizer_holds_model_params": all(id(p) in held
+                                                           for p in model.parameters())}}
 
 
 def problems(checks: dict, steps: int) -> list[str]:
     """The pitfalls the checks reveal, one sentence each (empty: none)."""
     found = []
     if checks["mask_errors"]:
-        found.append(f"{checks['mask_errors']} attention mask buffer(s) (all ranks) are not causal: "
+        found.append(f"{checks['mask_errors']} attention mask buffer(s) (all ranks) are not "
+                     "causal: "
                      "to_empty() left them uninitialised and the state dict does not carry them "
                      "(call model.init_weights() after to_empty)")
     if not checks["loss0_matches_reference"]:
@@ -263,7 +270,8 @@ def finished_run(cfg, env, model, before: dict, history: list[dict], tracked: in
     """What a trained variant measured, and the pitfalls its checks found (printed on rank 0)."""
     from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
-    changed = sum(not torch.equal(a, local_tensor(p)) for a, p in zip(before["first_shards"], model.parameters()))
+    changed = sum(not torch.equal(a, local_tensor(p)) for a,
+                  p in zip(before["first_shards"], model.parameters()))
     checks = dict(before["checks"], loss0=history[0]["loss"], params_changed=changed,
                   num_params=len(before["first_shards"]))
     tolerance = 2e-2 if cfg.mixed_precision else 1e-4
@@ -284,7 +292,8 @@ def finished_run(cfg, env, model, before: dict, history: list[dict], tracked: in
     every_rank = [None] * dist.get_world_size()
     dist.all_gather_object(every_rank, memory)
     return {**_summary(cfg, before), "checks": checks, "problems": found,
-            "fsdp_units": sum(isinstance(m, (FSDPModule, FullyShardedDataParallel)) for m in model.modules()),
+            "fsdp_units": sum(isinstance(m, (FSDPModule, FullyShardedDataParallel))
+                              for m in model.modules()),
             "memory": memory, "memory_per_rank": every_rank, "collectives": collectives,
             "kept_after_forward": kept, "compiled": compiled,
             "ms_per_step": statistics.median(untracked), "first_step_ms": times[0],
@@ -311,7 +320,8 @@ def comparison_rows(runs: list[dict]) -> list[dict]:
             continue
         mem, comm = run["memory"], run["collectives"]
         row = {"run": run["label"]}
-        for key in (*SUM_KEYS, "all_gather_buffer", "unsharded_grads", "held_after_forward", "peak"):
+        for key in (*SUM_KEYS, "all_gather_buffer", "unsharded_grads", "held_after_forward",
+                    "peak"):
             row[key] = round(mem[key] / MiB, 3) if key in mem else "-"
         row["all_gather MiB"] = round(comm.get("all_gather", {}).get("bytes", 0) / MiB, 3)
         row["reduce_scatter MiB"] = round(comm.get("reduce_scatter", {}).get("bytes", 0) / MiB, 3)
@@ -323,7 +333,8 @@ def comparison_rows(runs: list[dict]) -> list[dict]:
 
 def print_report(env, runs: list[dict]) -> None:
     """The DTensor layout (once: every FSDP2 variant shards the same way) and the comparison."""
-    for run in sorted(runs, key=lambda r: (r["config"]["compile"] != "none", bool(r["config"]["bug"]))):
+    for run in sorted(runs, key=lambda r: (r["config"]["compile"] != "none",
+                                           bool(r["config"]["bug"]))):
         if run.get("dtensor"):
             env.print0(f"\nDTensor parameters ({run['label']}; blocks.1+ look like blocks.0):")
             env.print0(table(dtensor_table(run["dtensor"], brief=True)))

@@ -38,22 +38,32 @@ from fsdp_course.report import MetricLogger, write_metrics
 
 @dataclass
 class Config(TrainConfig):
-    api: str = flag("fsdp2", "fsdp2: fully_shard; classic: lesson 1's FullyShardedDataParallel", runs.APIS)
+    api: str = flag("fsdp2", "fsdp2: fully_shard; classic: lesson 1's FullyShardedDataParallel",
+                    runs.APIS)
     reshard_after_forward: bool | int | None = flag(  # parsed once, as fully_shard takes it
         None, "default (blocks true, root false), true (the root too), false, or a group size",
         parse=runs.parse_reshard, metavar="{default,true,false,N}")
-    mixed_precision: bool = flag(False, "bf16 parameters in forward/backward, fp32 gradient reduction")
+    mixed_precision: bool = flag(False,
+                                 "bf16 parameters in forward/backward, fp32 gradient reduction")
     prefetch: int = flag(0, "explicit prefetching: each block all-gathers the next N (0: implicit)")
     grad_accum: int = flag(1, "micro-batches per step; gradients sync on the last one only")
     cpu_offload: bool = flag(False, "CPUOffloadPolicy: shards and optimizer on CPU")
-    replicas: int = flag(1, "HSDP: a 2-D mesh (replicas x ranks/replicas): shard in a row, replicate across")
+    replicas: int = flag(1, "HSDP: a 2-D mesh (replicas x ranks/replicas): shard in a row, "
+                            "replicate across")
     compile: str = flag("none", "blocks: block.compile() each block, then shard; model-before / "
-                        "model-after: torch.compile(model) before / after fully_shard", runs.COMPILES)
-    fullgraph: bool = flag(False, "torch.compile(fullgraph=True): one graph, no graph breaks allowed")
-    compile_backend: str = flag("inductor", "torch.compile backend (inductor: C++ on CPU, slow to compile)")
+                        "model-after: torch.compile(model) before / after fully_shard",
+                        runs.COMPILES)
+    fullgraph: bool = flag(False,
+                           "torch.compile(fullgraph=True): one graph, no graph breaks allowed")
+    compile_backend: str = flag("inductor",
+                                "torch.compile backend (inductor: C++ on CPU, slow to compile)")
     bug: str | None = flag(None, "reproduce a pitfall", runs.BUGS)
-    shard_module: str | None = flag(None, "a .py file defining shard(model, mesh), called instead of fully_shard")
-    variants: tuple | None = flag(None, "several runs in one launch: 'api=classic;prefetch=2,mixed-precision=true'",
+    shard_module: str | None = flag(None,
+                                    "a .py file defining shard(model, mesh), called instead of "
+                                    "fully_shard")
+    variants: tuple | None = flag(None,
+                                  "several runs in one launch: "
+                                  "'api=classic;prefetch=2,mixed-precision=true'",
                                   parse=parse_variants, metavar="'FLAG=V,FLAG=V;...'")
 
 
@@ -81,7 +91,8 @@ def build_fsdp2(cfg, env, mesh, model_cfg, shard_fn=None):
     # reshard_after_forward=None lets FSDP2 choose: True for the blocks, False for the root.
     options = dict(mesh=mesh, reshard_after_forward=cfg.reshard_after_forward)
     if cfg.mixed_precision:
-        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                    reduce_dtype=torch.float32)
     if cfg.cpu_offload:  # pinned memory needs an accelerator; on CPU ranks it must be off
         options["offload_policy"] = CPUOffloadPolicy(pin_memory=env.device.type == "cuda")
     if shard_fn is not None:
@@ -112,11 +123,14 @@ def build_classic(cfg, env, reference):
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
     return FSDP(copy.deepcopy(reference),
-                auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block}),
+                auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
+                                                   transformer_layer_cls={Block}),
                 # FULL_SHARD reshards every unit but the root: FSDP2's default (None)
-                sharding_strategy=ShardingStrategy.SHARD_GRAD_OP if cfg.reshard_after_forward is False
+                sharding_strategy=ShardingStrategy.SHARD_GRAD_OP
+                if cfg.reshard_after_forward is False
                 else ShardingStrategy.FULL_SHARD,
-                mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                mixed_precision=MixedPrecision(param_dtype=torch.bfloat16,
+                                               reduce_dtype=torch.float32)
                 if cfg.mixed_precision else None,
                 device_id=env.device)  # required on CPU too, else FSDP looks for a GPU
 
@@ -132,11 +146,13 @@ def train(cfg, env, data, mesh, reference, shard_fn=None) -> dict:
         # rank 0's tensors): every variant then trains the same model. Non-persistent buffers
         # (the causal mask) are not in a state dict: only init_weights() above filled them.
         set_model_state_dict(model, reference.state_dict() if env.is_rank0 else {},
-                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+                             options=StateDictOptions(full_state_dict=True,
+                                                      broadcast_from_rank0=True))
 
     # --- optimizer: after sharding, so it holds the sharded (DTensor) parameters ---------------
     optimizer = early_optimizer or torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    before = dict(runs.checks_before_training(cfg, env, data, model, optimizer, reference), notices=notices)
+    before = dict(runs.checks_before_training(cfg, env, data, model, optimizer, reference),
+                  notices=notices)
 
     # --- loop -----------------------------------------------------------------------------------
     env.print0(f"\n== {runs.variant_label(cfg)} ==", *notices, sep="\n")
@@ -144,11 +160,13 @@ def train(cfg, env, data, mesh, reference, shard_fn=None) -> dict:
     tracked = min(1, cfg.steps - 1)  # one step measured by the instruments (they slow it down)
     memory, collectives, kept = {}, {}, None
     for step in range(cfg.steps):
-        measure = step == tracked and cfg.compile == "none"  # dispatch-mode trackers and compile clash
+        # dispatch-mode trackers and compile clash
+        measure = step == tracked and cfg.compile == "none"
         start = time.perf_counter()
         step_loss = torch.zeros((), device=env.device)
         with GroupCommCounter() if measure else nullcontext() as comm, \
-                MemoryProbe(model, optimizer, enabled=measure) as probe, runs.compile_failure(cfg) as failed:
+                MemoryProbe(model, optimizer,
+                            enabled=measure) as probe, runs.compile_failure(cfg) as failed:
             for micro in range(cfg.grad_accum):
                 last = micro == cfg.grad_accum - 1
                 if cfg.grad_accum > 1 and cfg.api == "fsdp2":
@@ -169,11 +187,14 @@ def train(cfg, env, data, mesh, reference, shard_fn=None) -> dict:
         if measure:
             memory, collectives = probe.peaks, dict(comm.summary(), by_group=comm.by_group())
             kept = resharding(model) if cfg.api == "fsdp2" else None
-        peak, sent = (memory["peak"] / MiB, comm.total_bytes / MiB) if measure else (None, None)  # None: "-"
-        logger.log(step, mean_over_ranks(step_loss), ms, peak, sent, last=measure or step == cfg.steps - 1)
+        # None: "-"
+        peak, sent = (memory["peak"] / MiB, comm.total_bytes / MiB) if measure else (None, None)
+        logger.log(step, mean_over_ranks(step_loss), ms, peak, sent, last=measure
+                   or step == cfg.steps - 1)
 
     # --- report: what changed, what was measured, what the checks say --------------------------
-    return runs.finished_run(cfg, env, model, before, logger.history, tracked, memory, collectives, kept)
+    return runs.finished_run(cfg, env, model, before, logger.history, tracked, memory, collectives,
+                             kept)
 
 
 def main() -> None:
@@ -184,7 +205,8 @@ def main() -> None:
         variants = runs.checked_variants(cfg, env.world_size)  # a bad flag: one line, exit 2
         shard_fn = load_learner(cfg.shard_module, "--shard-module", "shard(model, mesh)").shard \
             if cfg.shard_module else None
-        env.print0(f"lesson 5 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
+        env.print0(f"lesson 5 | {env.world_size} ranks | {env.backend} on {env.device.type} | "
+                   f"{describe(cfg)}")
         data = load_data(cfg.data, seed=cfg.seed)
         # A 1-D mesh over all ranks: parameters become DTensors with placements (Shard(0),).
         mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("shard",))

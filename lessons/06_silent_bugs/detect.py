@@ -80,7 +80,9 @@ class DtypeProbe(TorchDispatchMode):
     def _pre_forward(self, module, args):
         self.seen.setdefault("gathered params", str(module.weight.dtype).replace("torch.", ""))
         if self.buffer_owner is not None:
-            self.seen.setdefault("buffer", str(getattr(self.buffer_owner, self.buffer).dtype).replace("torch.", ""))
+            self.seen.setdefault("buffer",
+                                 str(getattr(self.buffer_owner,
+                                             self.buffer).dtype).replace("torch.", ""))
         return None  # a pre-hook that returns something replaces the module's inputs
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

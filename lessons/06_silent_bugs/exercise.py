@@ -30,12 +30,14 @@ def inspector(env, findings: list):
                  "running stats": [n for n, _ in plain if "running_" in n],
                  "dtypes": sorted({f"{kind} {str(t.dtype).replace('torch.', '')}" for kind, ts in (
                      ("params", model.parameters()), ("buffers", model.buffers()),
-                     ("grads", [p.grad for p in model.parameters() if p.grad is not None])) for t in ts})}
+                     ("grads", [p.grad for p in model.parameters() if p.grad is not None]))
+                     for t in ts})}
         findings.append(found)
         differ = found["differ"]
         names = f": {', '.join(differ[:4])}" if differ else ""
         skipped = f" ({found['sharded']} sharded parameters not compared)" if found["sharded"] else ""
-        env.print0(f"[inspect {where}] {len(differ)} of {found['checked']} unsharded tensors differ "
+        env.print0(f"[inspect {where}] {len(differ)} of {found['checked']} unsharded tensors "
+                   "differ "
                    f"across ranks{names}{skipped}; BatchNorm statistics: "
                    f"{len(found['running stats']) or 'none'}; dtypes: {', '.join(found['dtypes'])}")
         return found
@@ -74,6 +76,7 @@ def run(module, cfg, env) -> dict:
     result = {"param_diff": diff, "steps": cfg.steps, "findings": findings, "tolerance": TOLERANCE,
               "matches_reference": diff < TOLERANCE}
     env.print0(f"\nexercise: after {cfg.steps} steps, max |parameter - reference| = {diff:.3g} "
-               f"({'matches' if diff < TOLERANCE else 'differs from'} one process on the global batch; "
+               f"({'matches' if diff < TOLERANCE else 'differs from'} one process on the global "
+               "batch; "
                f"tolerance {TOLERANCE:g})")
     return result

@@ -41,7 +41,8 @@ class NormNet(nn.Module):
     full-size steps: the running means would then drift apart for no reason of this lesson's.)
     """
 
-    def __init__(self, norm: str = "batchnorm", in_dim: int = 32, width: int = 128, classes: int = 10):
+    def __init__(self, norm: str = "batchnorm", in_dim: int = 32, width: int = 128,
+                 classes: int = 10):
         super().__init__()
         self.layers = nn.ModuleList(
             nn.Sequential(nn.Linear(d, width, bias=False), make_norm(norm, width), nn.ReLU())

@@ -77,7 +77,8 @@ def convert_allreduce_batchnorm(module: nn.Module) -> nn.Module:
     if isinstance(module, _BatchNorm) and not isinstance(module, AllReduceBatchNorm):
         new = AllReduceBatchNorm(module.num_features, module.eps, module.momentum,
                                  module.affine, module.track_running_stats,
-                                 device=module.running_mean.device if module.running_mean is not None else None)
+                                 device=module.running_mean.device
+                                 if module.running_mean is not None else None)
         new.load_state_dict(module.state_dict())
         new.train(module.training)
         return new

@@ -28,7 +28,8 @@ from norms import convert_allreduce_batchnorm
 
 BN_VARIANTS = ("batchnorm", "ddp", "syncbn", "allreduce-bn", "layernorm", "groupnorm")
 BUGS = ("batchnorm", "ddp")
-NORM_OF = {"batchnorm": "batchnorm", "ddp": "batchnorm", "syncbn": "batchnorm", "allreduce-bn": "batchnorm",
+NORM_OF = {"batchnorm": "batchnorm", "ddp": "batchnorm", "syncbn": "batchnorm",
+           "allreduce-bn": "batchnorm",
            "layernorm": "layernorm", "groupnorm": "groupnorm"}
 
 
@@ -79,7 +80,8 @@ def reference(norm: str, cfg, env, batch: int, steps: int) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         out["losses"].append(loss.item())
-    out.update(stats=running_stats(model), params={n: p.detach().clone() for n, p in model.named_parameters()})
+    out.update(stats=running_stats(model),
+               params={n: p.detach().clone() for n, p in model.named_parameters()})
     return out
 
 
@@ -116,7 +118,8 @@ def train(variant: str, cfg, env, batch: int, steps: int, ref: dict) -> dict:
         if step == 0:
             result["output_diff"] = max_over_ranks((logits.detach().cpu() - ref["logits"][rows]).abs().max().item(),
                                                    env.device)
-            result["grad_rel_error"] = rel_error({k: v.cpu() for k, v in full_grads(inner).items()}, ref["grads"])
+            result["grad_rel_error"] = rel_error({k: v.cpu() for k, v in full_grads(inner).items()},
+                                                 ref["grads"])
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         result["losses"].append(mean_over_ranks(loss))
@@ -125,8 +128,10 @@ def train(variant: str, cfg, env, batch: int, steps: int, ref: dict) -> dict:
     if stats:  # gather every rank's running statistics; compare them with each other and the ref
         everyone = [None] * env.world_size
         dist.all_gather_object(everyone, {k: v.cpu() for k, v in stats.items()})
-        result["stats_across_ranks"] = max(relative(s[k], everyone[0][k]) for s in everyone for k in s)
-        result["stats_vs_global"] = max(relative(s[k], ref["stats"][k]) for s in everyone for k in s)
+        result["stats_across_ranks"] = max(relative(s[k], everyone[0][k]) for s in everyone
+                                           for k in s)
+        result["stats_vs_global"] = max(relative(s[k], ref["stats"][k]) for s in everyone
+                                        for k in s)
         result["running_mean_rank0"] = everyone[0]["layers.0.1.running_mean"][:4].tolist()
         result["running_mean_rank1"] = everyone[-1]["layers.0.1.running_mean"][:4].tolist()
         result["running_mean_global"] = ref["stats"]["layers.0.1.running_mean"][:4].tolist()
@@ -158,11 +163,13 @@ def classic_mixed_precision(cfg, env) -> list[dict]:
     input as it arrives; one registered after wrapping runs after it and sees what BatchNorm computes
     with. Both are recorded."""
     rows = []
-    for policy, buffer_dtype in ((ModuleWrapPolicy({nn.Sequential}), torch.bfloat16), (None, torch.bfloat16), (None, None)):
+    for policy, buffer_dtype in ((ModuleWrapPolicy({nn.Sequential}), torch.bfloat16),
+                                 (None, torch.bfloat16), (None, None)):
         torch.manual_seed(cfg.seed)
         model = NormNet("batchnorm").to(env.device)
         arriving, computed = {}, {}
-        def record(seen, module, args, name):  # returns None: a pre-hook's return value replaces args
+        # returns None: a pre-hook's return value replaces args
+        def record(seen, module, args, name):
             seen.setdefault(name, (str(module.weight.dtype), str(args[0].dtype)))
 
         watched = {name: module for name, module in model.named_modules()
@@ -173,7 +180,8 @@ def classic_mixed_precision(cfg, env) -> list[dict]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             model = FSDP(model, auto_wrap_policy=policy, device_id=env.device,
-                         mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16,
+                         mixed_precision=MixedPrecision(param_dtype=torch.bfloat16,
+                                                        reduce_dtype=torch.bfloat16,
                                                         buffer_dtype=buffer_dtype))
             for name, module in watched.items():  # after FSDP's own hooks: what forward receives
                 module.register_forward_pre_hook(
@@ -183,7 +191,8 @@ def classic_mixed_precision(cfg, env) -> list[dict]:
                 error = ""
             except RuntimeError as exc:  # bf16 weights with fp32 running statistics: refused
                 error = f"{type(exc).__name__}: {exc}"
-        said = [str(w.message).split(".")[0] for w in caught if "mixed precision" in str(w.message).lower()]
+        said = [str(w.message).split(".")[0] for w in caught
+                if "mixed precision" in str(w.message).lower()]
         bn = next(m for m in model.modules() if isinstance(m, _BatchNorm))
         for name, (weight, inputs) in arriving.items():
             rows.append({"auto_wrap_policy": "ModuleWrapPolicy" if policy else "none",
@@ -203,22 +212,28 @@ def sweep(sizes: list[int], cfg, env) -> list[dict]:
         ref = reference("batchnorm", cfg, env, batch, steps=1)
         for variant in ("batchnorm", "allreduce-bn"):
             r = train(variant, cfg, env, batch, 1, ref)
-            rows.append({"variant": variant, "batch_per_rank": batch, "global_batch": batch * env.world_size,
+            rows.append({"variant": variant, "batch_per_rank": batch,
+                         "global_batch": batch * env.world_size,
                          "grad_rel_error": r["grad_rel_error"], "output_diff": r["output_diff"],
-                         "stats_across_ranks": r["stats_across_ranks"], "stats_vs_global": r["stats_vs_global"]})
+                         "stats_across_ranks": r["stats_across_ranks"],
+                         "stats_vs_global": r["stats_vs_global"]})
     return rows
 
 
 def run_all(variants: list[str], sizes: list[int], cfg, env) -> dict:
-    refs = {norm: reference(norm, cfg, env, cfg.bn_batch, cfg.steps) for norm in {NORM_OF[v] for v in variants}}
+    refs = {norm: reference(norm, cfg, env, cfg.bn_batch, cfg.steps)
+            for norm in {NORM_OF[v] for v in variants}}
     runs = [train(v, cfg, env, cfg.bn_batch, cfg.steps, refs[NORM_OF[v]]) for v in variants]
-    result = {"runs": runs, "sweep": sweep(sizes, cfg, env), "classic_mixed_precision": classic_mixed_precision(cfg, env)}
+    result = {"runs": runs, "sweep": sweep(sizes, cfg, env),
+              "classic_mixed_precision": classic_mixed_precision(cfg, env)}
     if env.rank == 0:
-        print(f"\nB. BatchNorm: {cfg.bn_batch} samples per rank vs one process on the global batch", flush=True)
+        print(f"\nB. BatchNorm: {cfg.bn_batch} samples per rank vs one process on the global batch",
+              flush=True)
         print(table([{"variant": r["variant"], "output diff": r.get("output_diff", "-"),
                       "grad rel error": r.get("grad_rel_error", "-"),
                       "stats across ranks": r.get("stats_across_ranks", "-"),
-                      "stats vs global": r.get("stats_vs_global", "-"), "loss diff": r.get("loss_diff", "-"),
+                      "stats vs global": r.get("stats_vs_global", "-"),
+                      "loss diff": r.get("loss_diff", "-"),
                       "note": r.get("error", "")[:50]} for r in runs]), flush=True)
         print("\nerror vs samples per rank (one step):", flush=True)
         print(table(result["sweep"]), flush=True)

@@ -70,12 +70,14 @@ def build(variant: str, cfg, env, model_cfg, reference_init: dict) -> tuple[obje
         initialised(model, cfg.seed)  # the same seed on every rank: draws into each rank's shard
         if variant == "load-rank0":  # rank 0 holds the full weights (a checkpoint); the rest {}
             # A copy: the call replaces the dict's values with this rank's DTensor shards.
-            set_model_state_dict(model, dict(reference_init) if env.rank == 0 else {}, options=StateDictOptions(
+            set_model_state_dict(model, dict(reference_init) if env.rank == 0 else {},
+                                 options=StateDictOptions(
                 full_state_dict=True, broadcast_from_rank0=True))
         return model, found
 
     # --- model: full weights on every rank, seeded per variant ---------------------------------
-    model = initialised(GPT(model_cfg).to(env.device), cfg.seed if variant == "same-seed" else cfg.seed + env.rank)
+    model = initialised(GPT(model_cfg).to(env.device), cfg.seed if variant == "same-seed"
+                        else cfg.seed + env.rank)
     found["before_wrap"] = compare_across_ranks(model_states(model))  # the cheap detector
     if variant == "broadcast":
         broadcast_from_rank0(model)
@@ -119,9 +121,11 @@ def where_from(full: dict, cfg, env, model_cfg) -> list[dict]:
 def equal_to_reference(full: dict, reference_init: dict) -> dict:
     """Of the randomly initialised tensors (those that are not constant), how many elements
     equal the single-process init, and in which tensors."""
-    random = [k for k, v in reference_init.items() if v.is_floating_point() and v.numel() > 1 and v.std() > 0]
+    random = [k for k, v in reference_init.items() if v.is_floating_point() and v.numel() > 1
+              and v.std() > 0]
     equal = {k: int((full[k] == reference_init[k]).sum()) for k in random}
-    return {"elements": sum(reference_init[k].numel() for k in random), "equal": sum(equal.values()),
+    return {"elements": sum(reference_init[k].numel() for k in random),
+            "equal": sum(equal.values()),
             "tensors": {k: [n, reference_init[k].numel()] for k, n in equal.items() if n}}
 
 
@@ -161,7 +165,8 @@ def run(variant: str, cfg, env, data, model_cfg, ref: dict) -> dict:
     result = {"variant": variant, "bug": variant in BUGS, **found, "losses": losses,
               "seconds": time.perf_counter() - start}
     if env.rank == 0:  # compare with the reference (rank 0 alone holds it)
-        result.update(init_diff=max_diff(initial, ref["init"]), final_diff=max_diff(final, ref["final"]),
+        result.update(init_diff=max_diff(initial, ref["init"]),
+                      final_diff=max_diff(final, ref["final"]),
                       loss_diff=max(abs(a - b) for a, b in zip(losses, ref["losses"])))
         if variant == "per-rank-seed":
             result["origins"] = where_from(initial, cfg, env, model_cfg)
@@ -173,7 +178,9 @@ def run(variant: str, cfg, env, data, model_cfg, ref: dict) -> dict:
 def summary(runs: list[dict]) -> list[dict]:
     """One row per variant (rank 0's view), for the script's table and the notebook."""
     return [{"variant": r["variant"],
-             "ranks differ before wrap": len(r["before_wrap"]["differ"]) if "before_wrap" in r else "-",
+             "ranks differ before wrap": len(r["before_wrap"]["differ"]) if "before_wrap" in r
+             else "-",
              "after wrap": len(r["after_wrap"]["differ"]),
-             "init diff": r["init_diff"], "loss diff": r["loss_diff"], "final diff": r["final_diff"],
+             "init diff": r["init_diff"], "loss diff": r["loss_diff"],
+             "final diff": r["final_diff"],
              "note": r.get("error", "")[:60]} for r in runs]

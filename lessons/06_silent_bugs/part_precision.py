@@ -32,11 +32,13 @@ from nets import MAX_POSITION, RotaryRegressor, mse, positions_batch
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODS = ("scaler", "nocast", "unit")
-SCALER_GROWTH_INTERVAL = 4  # default 2000: here the scale grows often enough to overflow in a short run
+# default 2000: here the scale grows often enough to overflow in a short run
+SCALER_GROWTH_INTERVAL = 4
 DEFAULT_SPECS = ("fsdp2:fp32/fp32", "fsdp2:bf16/fp32", "fsdp2:bf16/bf16", "fsdp2:fp32/bf16",
                  "classic:bf16/fp32/fp32", "classic:bf16/fp32/bf16",
                  "fsdp2:bf16/fp32+nocast", "fsdp2:bf16/fp32+nocast+unit",
-                 "classic:fp16/fp16/fp32", "classic:fp16/fp16/fp32+scaler", "fsdp2:fp16/fp16+scaler")
+                 "classic:fp16/fp16/fp32", "classic:fp16/fp16/fp32+scaler",
+                 "fsdp2:fp16/fp16+scaler")
 
 
 @dataclass(frozen=True)
@@ -61,11 +63,13 @@ def parse_spec(text: str) -> Spec:
     api, _, rest = text.partition(":")
     dtypes, *mods = rest.split("+")
     names = dtypes.split("/")
-    if api not in ("fsdp2", "classic") or not 2 <= len(names) <= 3 or any(n not in DTYPES for n in names) \
+    if api not in ("fsdp2", "classic") or not 2 <= len(names) <= 3 or any(n not in DTYPES
+                                                                          for n in names) \
             or any(m not in MODS for m in mods):
         raise argparse.ArgumentTypeError(bad)
     if api == "fsdp2" and len(names) == 3:
-        raise argparse.ArgumentTypeError(f"{text}: FSDP2's MixedPrecisionPolicy has no buffer dtype "
+        raise argparse.ArgumentTypeError(f"{text}: FSDP2's MixedPrecisionPolicy has no buffer "
+                                         "dtype "
                                          "(FSDP2 leaves buffers as they are); give PARAM/REDUCE")
     return Spec(text, api, DTYPES[names[0]], DTYPES[names[1]],
                 DTYPES[names[2]] if len(names) == 3 else None, tuple(mods))
@@ -91,8 +95,10 @@ def build(spec: Spec, cfg, env) -> nn.Module:
         fully_shard(model, mp_policy=policy)
         return model
     # --- classic: MixedPrecision also casts floating-point buffers to buffer_dtype ---------------
-    policy = MixedPrecision(param_dtype=spec.param, reduce_dtype=spec.reduce, buffer_dtype=spec.buffer,
-                            cast_forward_inputs="unit" in spec.mods)  # non-root units cast only if asked
+    policy = MixedPrecision(param_dtype=spec.param, reduce_dtype=spec.reduce,
+                            buffer_dtype=spec.buffer,
+                            # non-root units cast only if asked
+                            cast_forward_inputs="unit" in spec.mods)
     return FSDP(model, mixed_precision=policy, device_id=env.device, use_orig_params=True,
                 auto_wrap_policy=ModuleWrapPolicy({nn.Sequential}) if "unit" in spec.mods else None)
 
@@ -129,7 +135,8 @@ def train(spec: Spec, cfg, env, ref: dict) -> dict:
     inner = model.module if isinstance(model, FSDP) else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     scaler = None
-    if "scaler" in spec.mods:  # classic: the shard-aware scaler; FSDP2: the plain one takes DTensors
+    # classic: the shard-aware scaler; FSDP2: the plain one takes DTensors
+    if "scaler" in spec.mods:
         # It starts at 2**16 and doubles after every GROWTH_INTERVAL clean steps: until a step
         # overflows (inf/nan in some gradient), which it skips, halving the scale.
         kind = ShardedGradScaler if spec.api == "classic" else torch.amp.GradScaler
@@ -139,7 +146,8 @@ def train(spec: Spec, cfg, env, ref: dict) -> dict:
     gathered = {}
 
     def count_gathered(module, args):  # the unsharded weights the forward really uses
-        gathered[id(module)] = sum(t.numel() * t.element_size() for t in (module.weight, module.bias))
+        gathered[id(module)] = sum(t.numel() * t.element_size() for t in (module.weight,
+                                                                          module.bias))
 
     for layer in inner.mlp:
         if isinstance(layer, nn.Linear):
@@ -202,7 +210,8 @@ def step0(model: nn.Module, ref: dict, prediction: torch.Tensor) -> dict:
     # (classic FSDP: a rank's shard may hold no element of a parameter: its grad is None)
     grad = next(p.grad for p in model.parameters() if p.grad is not None)
     return {"grad_rel_error": rel_error(grads, ref["grads"]),
-            "grad_zeros": int(sum(((g == 0) & (ref["grads"][n] != 0)).sum() for n, g in grads.items())),
+            "grad_zeros": int(sum(((g == 0) & (ref["grads"][n] != 0)).sum() for n,
+                                  g in grads.items())),
             "grad_numel": sum(g.numel() for g in grads.values()),
             "dtypes": {"sharded params": dtype_name(local_tensor(next(model.parameters()))),
                        "grads": dtype_name(local_tensor(grad)), "output": dtype_name(prediction)}}
@@ -221,10 +230,13 @@ def run_all(specs: list[Spec], cfg, env) -> dict:
               "vs one fp32 process", flush=True)
         print(table([{"variant": r["label"], "grad rel error": r.get("grad_rel_error", "-"),
                       "loss diff": r.get("loss_diff", "-"),
-                      "all-gather B": r.get("collectives", {}).get("all_gather", {}).get("bytes", "-"),
-                      "reduce B": r.get("collectives", {}).get("reduce_scatter", {}).get("bytes", "-"),
+                      "all-gather B": r.get("collectives", {}).get("all_gather", {}).get("bytes",
+                                                                                         "-"),
+                      "reduce B": r.get("collectives", {}).get("reduce_scatter", {}).get("bytes",
+                                                                                         "-"),
                       "gathered B": r.get("gathered_bytes", "-"),
                       "note": r.get("error", "")[:60]} for r in runs]), flush=True)
         print("\ndtypes, read from the tensors during step 0:", flush=True)
-        print(table([{"variant": r["label"], **r["dtypes"]} for r in runs if "dtypes" in r]), flush=True)
+        print(table([{"variant": r["label"], **r["dtypes"]} for r in runs if "dtypes" in r]),
+              flush=True)
     return {"runs": runs, "reference_losses": ref["losses"]}

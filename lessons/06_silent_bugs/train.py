@@ -47,9 +47,11 @@ class Config(TrainConfig):
     parts: tuple = field(default=PARTS, metadata={
         "parse": list_flag("Parts", PARTS), "help": list_help("parts to run", PARTS)})
     init: tuple = field(default=part_init.INIT_VARIANTS, metadata={
-        "parse": list_flag("Inits", part_init.INIT_VARIANTS), "help": list_help("part A variants", part_init.INIT_VARIANTS)})
+        "parse": list_flag("Inits", part_init.INIT_VARIANTS),
+        "help": list_help("part A variants", part_init.INIT_VARIANTS)})
     bn: tuple = field(default=part_batchnorm.BN_VARIANTS, metadata={
-        "parse": list_flag("Norms", part_batchnorm.BN_VARIANTS), "help": list_help("part B variants", part_batchnorm.BN_VARIANTS)})
+        "parse": list_flag("Norms", part_batchnorm.BN_VARIANTS),
+        "help": list_help("part B variants", part_batchnorm.BN_VARIANTS)})
     bn_batch: int = field(default=8, metadata={"help": "part B: samples per rank per step"})
     bn_batch_sizes: tuple = field(default=(2, 4, 8, 16, 32), metadata={
         "parse": part_batchnorm.BatchSizes,
@@ -59,7 +61,8 @@ class Config(TrainConfig):
         "help": "part C: comma-separated API:PARAM/REDUCE[/BUFFER][+MOD...], API fsdp2|classic, "
                 "dtypes fp32|bf16|fp16, BUFFER classic only, MOD scaler|nocast|unit "
                 "(a GradScaler; features not cast: the dtype-mismatch bug; the MLP its own unit)"})
-    precision_steps: int = field(default=20, metadata={"help": "part C: optimizer steps per variant"})
+    precision_steps: int = field(default=20,
+                                 metadata={"help": "part C: optimizer steps per variant"})
     global_batch: int | None = field(default=None, metadata={
         "help": "part C: samples per step over all ranks (default: 64, or the nearest multiple of "
                 "the rank count; fixed, so N=2 and N=4 are comparable)"})
@@ -74,14 +77,17 @@ def main() -> None:
         # --- setup: the flags were checked by the config; what needs the world size, here ------
         inits = cfg.init if "init" in cfg.parts else ()
         bns, sweep = (cfg.bn, cfg.bn_batch_sizes) if "batchnorm" in cfg.parts else ((), ())
-        specs = [part_precision.parse_spec(s) for s in cfg.precision] if "precision" in cfg.parts else []
+        specs = [part_precision.parse_spec(s)
+                 for s in cfg.precision] if "precision" in cfg.parts else []
         if cfg.global_batch is None:  # only a batch the learner chose can fail to split
             cfg.global_batch = part_precision.default_global_batch(env.world_size)
         if specs and cfg.global_batch % env.world_size:
-            raise CourseError(f"--global-batch {cfg.global_batch} does not split over {env.world_size} ranks")
+            raise CourseError(f"--global-batch {cfg.global_batch} does not split over "
+                              f"{env.world_size} ranks")
         loop = load_learner(cfg.exercise or HERE / "mystery_loop.py", "--exercise",
                             "train(env, batches, steps, seed, inspect)") if "exercise" in cfg.parts else None
-        env.print0(f"lesson 6 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
+        env.print0(f"lesson 6 | {env.world_size} ranks | {env.backend} on {env.device.type} | "
+                   f"{describe(cfg)}")
         results = {}
 
         if inits:  # --- A: initialisation across ranks ------------------------------------------

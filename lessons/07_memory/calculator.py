@@ -51,7 +51,8 @@ def figure(settings: dict, ax=None):
     verdict = "fits" if result["fits"] else "does NOT fit"
     ax.set_title(f"{result['num_params'] / 1e9:.3f}B params, {settings['strategy']} on "
                  f"{settings['world_size']} GPUs: {result['needed'] / GIB:.1f} GiB per rank "
-                 f"at the peak ({result['peak_moment']}) -> {verdict} in {settings['gpu_gib']:g} GiB")
+                 f"at the peak ({result['peak_moment']}) -> {verdict} in {settings['gpu_gib']:g} "
+                 "GiB")
     ax.set_yticks([])
     ax.set_xlabel("GiB per rank")
     ax.set_xlim(0, max(settings["gpu_gib"], result["needed"] / GIB) * 1.05)
@@ -67,7 +68,8 @@ def memory_calculator(**start):
     values = {**DEFAULTS, **start}
     controls = {
         "params_b": widgets.FloatLogSlider(value=values["params_b"], base=10, min=-1, max=2.5,
-                                           step=0.05, readout_format=".3f", description="params (B)"),
+                                           step=0.05, readout_format=".3f",
+                                           description="params (B)"),
         "world_size": widgets.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64, 128, 256],
                                               value=values["world_size"], description="GPUs"),
         "strategy": widgets.Dropdown(options=list(memory.STRATEGIES[:2]) + ["DDP"],
@@ -79,7 +81,8 @@ def memory_calculator(**start):
         "batch": widgets.IntSlider(value=values["batch"], min=1, max=32, description="batch/GPU"),
         "seq": widgets.SelectionSlider(options=[512, 1024, 2048, 4096, 8192, 16384],
                                        value=values["seq"], description="sequence"),
-        "gpu_gib": widgets.SelectionSlider(options=[16.0, 24.0, 40.0, 48.0, 80.0, 94.0, 141.0, 192.0],
+        "gpu_gib": widgets.SelectionSlider(options=[16.0, 24.0, 40.0, 48.0, 80.0, 94.0, 141.0,
+                                                    192.0],
                                            value=values["gpu_gib"], description="GPU GiB"),
     }
     out = widgets.Output()

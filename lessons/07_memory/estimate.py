@@ -45,7 +45,8 @@ from fsdp_course.plan import MODELS  # noqa: E402
 warnings.filterwarnings("ignore", message=".*returned a view tensor")
 
 
-def estimate(shape, world_size: int, batch: int, mixed_precision: bool, reshard: bool = True) -> dict:
+def estimate(shape, world_size: int, batch: int, mixed_precision: bool,
+             reshard: bool = True) -> dict:
     """Peak bytes of rank 0 by category (FSDPMemTracker), for one FULL_SHARD step."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.device_mesh import init_device_mesh
@@ -69,7 +70,8 @@ def estimate(shape, world_size: int, batch: int, mixed_precision: bool, reshard:
         if mixed_precision else MixedPrecisionPolicy()
     with FakeTensorMode():
         with torch.device("meta"):
-            model = GPT(ModelConfig(shape.vocab, shape.seq, shape.hidden, shape.layers, shape.heads))
+            model = GPT(ModelConfig(shape.vocab, shape.seq, shape.hidden, shape.layers,
+                                    shape.heads))
         for block in model.blocks:
             fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
@@ -88,13 +90,15 @@ def estimate(shape, world_size: int, batch: int, mixed_precision: bool, reshard:
             optimizer.zero_grad()
         peaks = tracker.category_peaks()
         at_peak = {str(getattr(k, "value", k)): v
-                   for snap in tracker.get_tracker_snapshot("peak").values() for k, v in snap.items()}
+                   for snap in tracker.get_tracker_snapshot("peak").values() for k,
+                   v in snap.items()}
     dist.destroy_process_group()
     return {"peak": peaks["peak"], "category_max": peaks, "at_peak": at_peak}
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="course-gpt-7b", choices=sorted(MODELS))
     parser.add_argument("--world-size", type=int, default=8)
     parser.add_argument("--batch", type=int, default=1, help="sequences per rank")
@@ -108,7 +112,8 @@ def main(argv: list[str] | None = None) -> None:
     result = estimate(shape, args.world_size, args.batch, args.precision == "bf16-mixed")
     result.update(model=args.model, num_params=shape.num_params, world_size=args.world_size,
                   batch=args.batch, precision=args.precision,
-                  seconds=time.perf_counter() - began, seconds_with_import=time.perf_counter() - START,
+                  seconds=time.perf_counter() - began,
+                  seconds_with_import=time.perf_counter() - START,
                   max_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     if args.json:
         print(json.dumps(result))

@@ -40,7 +40,8 @@ PLOT_GROUPS = {"params": "params", "grads": "grads", "optimizer": "optimizer",
 GENERIC = {"Parameter": "params", "Gradient": "grads", "Optstate": "optimizer",
            "Activation": "activations", "Temp": "temp", "Buffer": "other", "Input": "other",
            "Other": "grads"}  # DDP's gradient buckets are registered as "Other" (see below)
-SERIES = ("params", "grads", "optimizer", "gathered", "grad buffers", "activations", "temp", "other")
+SERIES = ("params", "grads", "optimizer", "gathered", "grad buffers", "activations", "temp",
+          "other")
 
 
 class _Timeline:
@@ -106,7 +107,8 @@ class StepMemory:
             return
         if api == "fsdp2":
             self.tracker = _FSDP2Timeline(model, optimizer)
-            self.tracker._start_timeline({name: PLOT_GROUPS[course] for name, course in CATEGORIES.items()})
+            self.tracker._start_timeline({name: PLOT_GROUPS[course] for name,
+                                          course in CATEGORIES.items()})
         else:
             self.tracker = _GenericTimeline()
             gathered = classic_gathered(model) if api == "classic" else None
@@ -141,7 +143,8 @@ class StepMemory:
         total = [s[0] for s in t.samples]
         peak_index = max(range(len(total)), key=total.__getitem__)
         base = total[before] if before >= 0 else 0
-        activations = total[after] - base - (t.gathered_at(after) - (t.gathered_at(before) if before >= 0 else 0))
+        activations = total[after] - base - (t.gathered_at(after) - (t.gathered_at(before)
+                                                                     if before >= 0 else 0))
         step = max(1, len(total) // max_points)
         keep = sorted({max(range(i, min(i + step, len(total))), key=total.__getitem__)
                        for i in range(0, len(total), step)} | {peak_index})
@@ -238,7 +241,8 @@ def address_space_limit(budget_bytes: int | None):
     return_freed_memory_at_once()
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     base = vm_size()
-    limit = base + budget_bytes if hard == resource.RLIM_INFINITY else min(hard, base + budget_bytes)
+    limit = base + budget_bytes if hard == resource.RLIM_INFINITY else min(hard,
+                                                                           base + budget_bytes)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     try:
         yield base
@@ -266,6 +270,7 @@ def tensor_devices(model: nn.Module, optimizer) -> dict:
     param = next(model.parameters())
     local = param.to_local() if hasattr(param, "to_local") else param
     state = optimizer.state.get(param, {})
-    return {"parameter": str(local.device), "gradient": str(param.grad.device) if param.grad is not None else "-",
+    return {"parameter": str(local.device), "gradient": str(param.grad.device)
+            if param.grad is not None else "-",
             "optimizer state": ", ".join(sorted({str(v.device) for v in state.values()
                                                  if torch.is_tensor(v) and v.dim() > 0})) or "-"}

@@ -56,14 +56,16 @@ def predict(cfg, world_size: int, vocab_size: int, device_type: str = "cpu") -> 
                        precision="bf16-mixed" if cfg.mixed_precision else "fp32",
                        ac=cfg.activation_checkpointing,
                        gpu_bytes=cfg.rank_memory_mib * MiB if cfg.rank_memory_mib else None,
-                       reserve=memory.CPU_RANK_RESERVE if device_type == "cpu" else memory.ALLOWANCE_MIN)
+                       reserve=memory.CPU_RANK_RESERVE if device_type == "cpu"
+                       else memory.ALLOWANCE_MIN)
 
 
 def limit_verdict(cfg, prediction: dict) -> str:
     if "fits" not in prediction:
         return ""
     verdict = "fits" if prediction["fits"] else "does NOT fit"
-    return (f" + allowance {prediction['allowance'] / MiB:.2f} = {prediction['needed'] / MiB:.2f} MiB"
+    return (f" + allowance {prediction['allowance'] / MiB:.2f} = {prediction['needed'] / MiB:.2f} "
+            "MiB"
             f" vs limit {cfg.rank_memory_mib:g} MiB: {verdict}")
 
 
@@ -79,11 +81,13 @@ def expand(cfg, world_size: int) -> list:
         if v.strategy == "DDP" and (v.cpu_offload != "none" or v.mixed_precision):
             raise ValueError("strategy=DDP: --cpu-offload and --mixed-precision belong to FSDP here")
         if v.ac_reentrant and v.api == "fsdp2" and v.strategy != "DDP":
-            raise ValueError("--ac-reentrant: FSDP2's checkpoint() is non-reentrant only (api=classic)")
+            raise ValueError("--ac-reentrant: FSDP2's checkpoint() is non-reentrant only "
+                             "(api=classic)")
         if v.strategy not in memory.STRATEGIES or v.api not in memory.APIS:
             raise ValueError(f"strategy={v.strategy}, api={v.api}: choose from "
                              f"{', '.join(memory.STRATEGIES)} and {', '.join(memory.APIS)}")
-        if v.cpu_offload not in ("none", "params", "params-pinned") or v.ac_order not in ("right", "wrong"):
+        if v.cpu_offload not in ("none", "params", "params-pinned") or v.ac_order not in ("right",
+                                                                                          "wrong"):
             raise ValueError(f"cpu-offload={v.cpu_offload}, ac-order={v.ac_order}: not a choice")
         if v.steps <= TRACKED:
             raise ValueError(f"--steps must be > {TRACKED}: step {TRACKED} is the measured one")

@@ -47,7 +47,8 @@ class Config(TrainConfig):
     api: str = field(default="fsdp2", metadata={"choices": ("fsdp2", "classic"),
                      "help": "fsdp2: fully_shard; classic: FullyShardedDataParallel"})
     strategy: str = field(default="FULL_SHARD", metadata={
-        "choices": ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "DDP"), "help": "what each rank keeps"})
+        "choices": ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "DDP"),
+        "help": "what each rank keeps"})
     mixed_precision: bool = field(default=False, metadata={
         "help": "bf16 compute and all-gathers; fp32 master weights, gradients and Adam"})
     activation_checkpointing: str = field(default="none", metadata={
@@ -56,7 +57,8 @@ class Config(TrainConfig):
                           "help": "wrong: checkpoint and shard in the other order"})
     ac_reentrant: bool = field(default=False, metadata={
         "help": "the older reentrant checkpoint implementation (classic FSDP only)"})
-    cpu_offload: str = field(default="none", metadata={"choices": ("none", "params", "params-pinned"),
+    cpu_offload: str = field(default="none",
+                             metadata={"choices": ("none", "params", "params-pinned"),
                              "help": "keep shards, gradients and the optimizer step on the CPU"})
     rank_memory_mib: float = field(default=0.0, metadata={
         "help": "each rank may grow by this much after warm-up (RLIMIT_AS); 0: no limit"})
@@ -101,7 +103,8 @@ def shard(model, cfg, env):
         apply_activation_checkpointing(model, checkpoint_wrapper_fn=wrapper, check_fn=is_chosen)
     model = FSDP(
         model,
-        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block}),
+        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
+                                           transformer_layer_cls={Block}),
         sharding_strategy=ShardingStrategy[cfg.strategy],
         mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if cfg.mixed_precision else None,
@@ -138,7 +141,8 @@ def train(cfg, env, data, announce: bool = True) -> dict:
             # --- loop ----------------------------------------------------------------------------
             logger = MetricLogger(env if announce else runs.quiet(env), cfg.log_every)
             for step in range(cfg.steps):
-                x, y = data.batch(step, env.rank, env.world_size, cfg.batch_size, cfg.seq_len, env.device)
+                x, y = data.batch(step, env.rank, env.world_size, cfg.batch_size, cfg.seq_len,
+                                  env.device)
                 tracked = step == runs.TRACKED and not cfg.rank_memory_mib  # limit: no instruments
                 memory = probes.StepMemory(model, optimizer, runs.api_of(cfg), buckets.values(),
                                            enabled=tracked, vm_base=base)
@@ -160,7 +164,8 @@ def train(cfg, env, data, announce: bool = True) -> dict:
                     result["vm_growth"] = max(result.get("vm_growth", 0), memory.vm_growth)
                 if tracked:
                     result["measured"], result["collectives"] = memory.results(), comm.summary()
-                logger.log(step, mean_over_ranks(loss), ms, result.get("measured", {}).get("peak", 0) / MiB,
+                logger.log(step, mean_over_ranks(loss), ms,
+                           result.get("measured", {}).get("peak", 0) / MiB,
                            comm.total_bytes / MiB if tracked else 0.0, last=step == cfg.steps - 1,
                            cpu_ms=cpu_ms)
             result.update(runs.timing(logger.history), history=logger.history)
@@ -187,7 +192,8 @@ def main() -> None:
             variants = runs.expand(cfg, env.world_size)
         except ValueError as exc:
             raise CourseError(str(exc)) from None
-        env.print0(f"lesson 7 | {env.world_size} ranks | {env.backend} on {env.device.type} | {describe(cfg)}")
+        env.print0(f"lesson 7 | {env.world_size} ranks | {env.backend} on {env.device.type} | "
+                   f"{describe(cfg)}")
         data = load_data(cfg.data, seed=cfg.seed)
         # The runs under a limit first (after a warm-up: threads, gloo buffers), then the others
         # with the allocator keeping freed memory again (faster: probes explains why).

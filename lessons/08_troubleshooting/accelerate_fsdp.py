@@ -48,11 +48,13 @@ def main() -> None:
                  "num_processes": accelerator.state.num_processes,
                  "processes_started": env.world_size}
         if accelerator.state.distributed_type == DistributedType.FSDP:  # GPUs: accelerate shards
-            raise CourseError("accelerate runs FSDP here: use accelerator.prepare(model, optimizer) "
+            raise CourseError("accelerate runs FSDP here: use accelerator.prepare(model, "
+                              "optimizer) "
                               "(this script's CPU path maps the same config by hand)")
         if chose["num_processes"] != env.world_size:
             env.print0(f"PROBLEM DETECTED: accelerate set up {chose['distributed_type']} with "
-                       f"num_processes={chose['num_processes']} in each of {env.world_size} processes: "
+                       f"num_processes={chose['num_processes']} in each of {env.world_size} "
+                       "processes: "
                        f"with accelerator.prepare each would train its own copy, no FSDP, no error")
         # --- model: the course GPT; the plugin accelerate built from the same config ---------
         from_launch = "FSDP_VERSION" in os.environ  # accelerate launch set FSDP_* already
@@ -71,7 +73,8 @@ def main() -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
         # --- loop ----------------------------------------------------------------------------
         for step in range(cfg.steps):
-            x, y = data.batch(step, env.rank, env.world_size, cfg.batch_size, cfg.seq_len, env.device)
+            x, y = data.batch(step, env.rank, env.world_size, cfg.batch_size, cfg.seq_len,
+                              env.device)
             loss = lm_loss(model(x), y)
             loss.backward()
             held = state_bytes(model, optimizer) if step else None
@@ -79,16 +82,21 @@ def main() -> None:
             optimizer.zero_grad(set_to_none=True)
             env.print0(f"step {step} | loss {mean_over_ranks(loss):.4f}")
         # --- report ------------------------------------------------------------------------
-        held = state_bytes(model, optimizer) | {"grads": held["grads"]} if held else state_bytes(model, optimizer)
+        held = state_bytes(model,
+                           optimizer) | {"grads": held["grads"]} if held else state_bytes(model,
+                                                                                          optimizer)
         expected = fsdp2_theory.state_bytes_theory(shapes, env.world_size, env.rank)
         rows = [{"": "measured (rank 0)", **held}, {"": "FSDP2 theory", **expected}]
         env.print0(f"accelerate chose: {chose}")
-        env.print0(f"plugin: fsdp_version={plugin.fsdp_version} reshard_after_forward={plugin.reshard_after_forward} "
-                   f"wrap={targets} state_dict_type={plugin.state_dict_type} -> fully_shard({kwargs}) "
+        env.print0(f"plugin: fsdp_version={plugin.fsdp_version} "
+                   f"reshard_after_forward={plugin.reshard_after_forward} "
+                   f"wrap={targets} state_dict_type={plugin.state_dict_type} -> "
+                   f"fully_shard({kwargs}) "
                    f"on {len(units)} {'/'.join(targets)} modules + the root")
         env.print0(table(rows))
         write_metrics(cfg.metrics, "lesson8-accelerate", env, cfg, [], {
-            "accelerate": chose, "units": len(units) + 1, "kwargs": {k: str(v) for k, v in kwargs.items()},
+            "accelerate": chose, "units": len(units) + 1,
+            "kwargs": {k: str(v) for k, v in kwargs.items()},
             "state_dict_type": str(plugin.state_dict_type), "measured": held, "theory": expected})
 
 

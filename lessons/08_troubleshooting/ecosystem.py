@@ -21,17 +21,28 @@ from contextlib import contextmanager
 # showed it. Checked against accelerate's FullyShardedDataParallelPlugin and its launcher.
 ACCELERATE_KEYS = [
     ("fsdp_version: 2 | 1", "fully_shard(...) | FullyShardedDataParallel(...)", "5 | 1"),
-    ("fsdp_reshard_after_forward: true | false (v2)", "reshard_after_forward=True (ZeRO-3) | False (ZeRO-2)", "5"),
-    ("fsdp_sharding_strategy: FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD (v1)", "sharding_strategy=ShardingStrategy.<same>", "1"),
-    ("fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP + fsdp_transformer_layer_cls_to_wrap: Block", "fully_shard(block) per Block, then the root | transformer_auto_wrap_policy({Block})", "2, 5"),
-    ("fsdp_auto_wrap_policy: SIZE_BASED_WRAP + fsdp_min_num_params: N", "size_based_auto_wrap_policy(min_num_params=N)", "2"),
-    ("fsdp_state_dict_type: SHARDED_STATE_DICT | FULL_STATE_DICT", "get_state_dict(..., StateDictOptions(full_state_dict=False | True)) + DCP", "4"),
-    ("fsdp_offload_params: true", "offload_policy=CPUOffloadPolicy() | cpu_offload=CPUOffload(offload_params=True)", "5, 7"),
-    ("mixed_precision: bf16 (top level)", "mp_policy=MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16, output_dtype=bf16) | "
-     "MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16): a bf16 reduction and (v1) bf16 buffers", "5, 6"),
-    ("fsdp_activation_checkpointing: true", "apply_activation_checkpointing / checkpoint_wrapper on each Block (before fully_shard)", "7"),
-    ("fsdp_cpu_ram_efficient_loading + fsdp_sync_module_states: true", "meta-device build; rank 0 loads, set_model_state_dict(broadcast_from_rank0=True)", "5"),
-    ("fsdp_forward_prefetch / fsdp_backward_prefetch", "forward_prefetch / backward_prefetch | set_modules_to_forward_prefetch", "1, 5"),
+    ("fsdp_reshard_after_forward: true | false (v2)",
+     "reshard_after_forward=True (ZeRO-3) | False (ZeRO-2)", "5"),
+    ("fsdp_sharding_strategy: FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD (v1)",
+     "sharding_strategy=ShardingStrategy.<same>", "1"),
+    ("fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP + fsdp_transformer_layer_cls_to_wrap: Block",
+     "fully_shard(block) per Block, then the root | transformer_auto_wrap_policy({Block})", "2, 5"),
+    ("fsdp_auto_wrap_policy: SIZE_BASED_WRAP + fsdp_min_num_params: N",
+     "size_based_auto_wrap_policy(min_num_params=N)", "2"),
+    ("fsdp_state_dict_type: SHARDED_STATE_DICT | FULL_STATE_DICT",
+     "get_state_dict(..., StateDictOptions(full_state_dict=False | True)) + DCP", "4"),
+    ("fsdp_offload_params: true",
+     "offload_policy=CPUOffloadPolicy() | cpu_offload=CPUOffload(offload_params=True)", "5, 7"),
+    ("mixed_precision: bf16 (top level)",
+     "mp_policy=MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16, output_dtype=bf16) | "
+     "MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16): a bf16 reduction and "
+     "(v1) bf16 buffers", "5, 6"),
+    ("fsdp_activation_checkpointing: true",
+     "apply_activation_checkpointing / checkpoint_wrapper on each Block (before fully_shard)", "7"),
+    ("fsdp_cpu_ram_efficient_loading + fsdp_sync_module_states: true",
+     "meta-device build; rank 0 loads, set_model_state_dict(broadcast_from_rank0=True)", "5"),
+    ("fsdp_forward_prefetch / fsdp_backward_prefetch",
+     "forward_prefetch / backward_prefetch | set_modules_to_forward_prefetch", "1, 5"),
 ]
 
 
@@ -44,7 +55,8 @@ def accelerate_env(config: str) -> dict[str, str]:
     args = launch_command_parser().parse_args(["--config_file", str(config), "script.py"])
     args, _, _ = _validate_launch_command(args)
     env = prepare_multi_gpu_env(args)
-    return {k: v for k, v in env.items() if k.startswith(("FSDP_", "ACCELERATE_USE_FSDP", "ACCELERATE_MIXED"))}
+    return {k: v for k, v in env.items() if k.startswith(("FSDP_", "ACCELERATE_USE_FSDP",
+                                                          "ACCELERATE_MIXED"))}
 
 
 @contextmanager
@@ -150,14 +162,16 @@ ZERO_EXTRAS = [
      "no FSDP strategy; torch.distributed.optim.ZeroRedundancyOptimizer does it with DDP"),
     ("ZeRO++ hpZ (after forward, a second copy of the parameters sharded within each node, so "
      "backward's all-gather stays inside the node)",
-     "fully_shard(reshard_after_forward=<int>): after forward, reshard to groups of that many ranks "
+     "fully_shard(reshard_after_forward=<int>): after forward, reshard to groups of that many "
+     "ranks "
      "(the GPUs of a node), and backward all-gathers within them (lesson 5 measures 2 on 4 ranks). "
      "Not HSDP: HSDP also replicates the gradients and the optimizer state across nodes"),
     ("ZeRO++ qwZ / qgZ (quantized weights / gradients on the wire)",
      "no built-in quantized collective; the extension points are there: a tensor subclass with "
      "fsdp_pre_all_gather / fsdp_post_all_gather (what torchao's float8 all-gather uses), and "
      "FSDPModule.set_custom_all_gather / set_custom_reduce_scatter"),
-    ("ZeRO-Infinity (offload to NVMe)", "none; FSDP offloads to CPU memory only (CPUOffloadPolicy)"),
+    ("ZeRO-Infinity (offload to NVMe)",
+     "none; FSDP offloads to CPU memory only (CPUOffloadPolicy)"),
 ]
 
 
@@ -178,9 +192,11 @@ def fsdp_hooks_for_zero_extras() -> dict:
     param_source = inspect.getsource(_fsdp_param)
     return {
         "reshard_after_forward int": " ".join(doc[start:end]),
-        "tensor-subclass hooks FSDP2 calls": [name for name in ("fsdp_pre_all_gather", "fsdp_post_all_gather")
+        "tensor-subclass hooks FSDP2 calls": [name for name in ("fsdp_pre_all_gather",
+                                                                "fsdp_post_all_gather")
                                               if f'hasattr(inner_tensor, "{name}")' in param_source],
-        "FSDPModule setters": [name for name in ("set_custom_all_gather", "set_custom_reduce_scatter")
+        "FSDPModule setters": [name for name in ("set_custom_all_gather",
+                                                 "set_custom_reduce_scatter")
                                if callable(getattr(FSDPModule, name, None))],
         "built-in collectives": sorted(c.__name__ for base in (AllGather, ReduceScatter)
                                        for c in base.__subclasses__()

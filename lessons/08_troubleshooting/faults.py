@@ -37,7 +37,8 @@ def batch_scale(fault: str, fault_step: int, step: int, rank: int, world_size: i
 def node_dies_now(step: int, kill_at: int | None, restart: int) -> bool:
     """``--kill-node-at-step``: true on every worker of the last node (torchrun's GROUP_RANK)
     at that step of the first attempt (``restart`` 0 on every rank); restarted workers live on."""
-    last_node = int(os.environ.get("GROUP_RANK", "0")) == int(os.environ.get("GROUP_WORLD_SIZE", "1")) - 1
+    last_node = int(os.environ.get("GROUP_RANK", "0")) == int(os.environ.get("GROUP_WORLD_SIZE",
+                                                                             "1")) - 1
     return step == kill_at and restart == 0 and last_node
 
 
@@ -84,7 +85,9 @@ def flight_recorder_tail(count: int = 2) -> list[dict]:
 def print_flight_recorder(rank: int) -> None:
     """This rank's last recorded collectives, one whole line each on stderr."""
     for entry in flight_recorder_tail():
-        say_rank(rank, f"flight recorder: #{entry['seq']} {entry['op']} sizes {entry['sizes']} {entry['state']}")
+        say_rank(rank,
+                 f"flight recorder: #{entry['seq']} {entry['op']} sizes {entry['sizes']} "
+                 f"{entry['state']}")
 
 
 def is_collective_error(exc: BaseException) -> bool:
@@ -112,8 +115,10 @@ def compare_eval(value, model, data, cfg, env) -> dict:
     """The exercise's result: what ``evaluate`` returned on rank 0 after the last evaluated step,
     next to one process's loss on the whole held-out batch (collective: every rank calls it)."""
     last = max(s for s in range(cfg.steps) if s % 2 == 1)
-    result = {"value": value, "step": last, "reference": reference_eval(model, data, last, cfg, env)}
-    env.print0(f"held-out loss: yours {value}, one process on the global batch {result['reference']:.6f}")
+    result = {"value": value, "step": last,
+              "reference": reference_eval(model, data, last, cfg, env)}
+    env.print0(f"held-out loss: yours {value}, one process on the global batch "
+               f"{result['reference']:.6f}")
     return result
 
 

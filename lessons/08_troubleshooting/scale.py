@@ -47,7 +47,8 @@ def build_mesh(env, replicas: int, tp: int):
                                 mesh_dim_names=("replicate", "shard"))
         return mesh, mesh, None
     if tp > 1:
-        mesh = init_device_mesh(env.device.type, (env.world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+        mesh = init_device_mesh(env.device.type, (env.world_size // tp, tp),
+                                mesh_dim_names=("dp", "tp"))
         return mesh, mesh["dp"], mesh["tp"]
     mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("shard",))
     return mesh, mesh, None
@@ -117,7 +118,8 @@ class ScopedCommCounter(CommCounter):
     def _file(self, kind: str, num_bytes: int, args) -> None:
         ranks = _group_ranks(args) or list(range(len(self.node_of_rank)))
         scope = "intra" if len({self.node_of_rank[r] for r in ranks}) == 1 else "inter"
-        entry = self.scoped[scope].setdefault(kind, {"calls": 0, "bytes": 0, "group_size": len(ranks)})
+        entry = self.scoped[scope].setdefault(kind,
+                                              {"calls": 0, "bytes": 0, "group_size": len(ranks)})
         entry["calls"] += 1
         entry["bytes"] += num_bytes
 
@@ -140,7 +142,8 @@ def placements_table(model) -> list[dict]:
     the first block's (the other blocks repeat the first)."""
     rows = []
     for name, param in model.named_parameters():
-        if hasattr(param, "placements") and (name.startswith("blocks.0.") or not name.startswith("blocks.")):
+        if hasattr(param, "placements") and (name.startswith("blocks.0.")
+                                             or not name.startswith("blocks.")):
             rows.append({"name": name, "placements": ", ".join(map(str, param.placements)),
                          "mesh": str(param.device_mesh.mesh.tolist()),
                          "global": list(param.shape), "local": list(param.to_local().shape)})
@@ -251,7 +254,8 @@ def print_report(env, results: dict) -> None:
         env.print0(f"step {check['step']} gradients vs one process on the global batch: "
                    f"max |diff| = {check['max_abs_diff']:.2e} over {check['params']} parameters; "
                    f"loss {check['loss']:.6f} vs {check['reference_loss']:.6f}")
-    env.print0("\nbytes per collective in one step, by link (payload; theory from fsdp_course.theory):")
+    env.print0("\nbytes per collective in one step, by link (payload; theory from "
+               "fsdp_course.theory):")
     env.print0(table(scope_rows(results["collectives"], results.get("theory"))))
     if "flat" in results:
         env.print0("\nthe same step with plain FSDP over all ranks (a 1-D mesh across the nodes):")

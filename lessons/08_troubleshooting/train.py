@@ -55,16 +55,27 @@ class Config(TrainConfig):
     d_model: int = 64  # small: here the failures and the layouts are the point, not the model
     n_layers: int = 2
     log_every: int = 1
-    fault: str = field(default="none", metadata={"choices": faults.FAULTS, "help": "reproduce a failure"})
+    fault: str = field(default="none", metadata={"choices": faults.FAULTS,
+                                                 "help": "reproduce a failure"})
     fault_step: int = field(default=3, metadata={"help": "the step at which the fault strikes"})
-    memory_limit_mib: float = field(default=0, metadata={"help": "per-rank memory budget over what is used after step 0 (0: none)"})
-    replicas: int = field(default=1, metadata={"help": "HSDP: (replicas, ranks/replicas) mesh; use the number of nodes"})
-    compare_flat: bool = field(default=False, metadata={"help": "also measure one step of plain FSDP over all ranks"})
+    memory_limit_mib: float = field(default=0,
+                                    metadata={"help": "per-rank memory budget over what is used "
+                                                      "after step 0 (0: none)"})
+    replicas: int = field(default=1,
+                          metadata={"help": "HSDP: (replicas, ranks/replicas) mesh; use the number "
+                                            "of nodes"})
+    compare_flat: bool = field(default=False,
+                               metadata={"help": "also measure one step of plain FSDP over all "
+                                                 "ranks"})
     tp: int = field(default=1, metadata={"help": "tensor-parallel degree: a (data, tensor) mesh"})
     ckpt_every: int = field(default=0, metadata={"help": "DCP checkpoint every N steps (0: never)"})
     ckpt_dir: str = field(default="runs/lesson8/ckpt", metadata={"help": "where checkpoints go"})
-    kill_node_at_step: int | None = field(default=None, metadata={"help": "the last node's workers SIGKILL themselves once, at this step"})
-    eval_module: str | None = field(default=None, metadata={"help": "a .py file with evaluate(model, batch, env), run every 2 steps"})
+    kill_node_at_step: int | None = field(default=None,
+                                          metadata={"help": "the last node's workers SIGKILL "
+                                                            "themselves once, at this step"})
+    eval_module: str | None = field(default=None,
+                                    metadata={"help": "a .py file with evaluate(model, batch, "
+                                                      "env), run every 2 steps"})
 
 
 def build(cfg, reference, fsdp_mesh, tp_mesh):
@@ -90,11 +101,13 @@ def load_checkpoint(path, model, optimizer) -> int:
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd, "step": 0}
     dcp.load(state, checkpoint_id=path)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
     return state["step"]
 
 
-def train(cfg, env, data, model, optimizer, start, counter=None, logger=None, save=True, evaluate=None,
+def train(cfg, env, data, model, optimizer, start, counter=None, logger=None, save=True,
+          evaluate=None,
           restart=0):
     """The loop, with the lesson's faults where real jobs meet them. Returns the held-out loss
     of the last evaluation (with ``evaluate``)."""
@@ -102,9 +115,11 @@ def train(cfg, env, data, model, optimizer, start, counter=None, logger=None, sa
     my_steps = faults.steps_for_rank(cfg.fault, cfg.fault_step, cfg.steps, env.rank, env.world_size)
     loss_value, eval_value = float("nan"), None
     for step in range(start, my_steps):  # uneven-data: the last rank's data ends early (BUG)
-        if save and faults.node_dies_now(step, cfg.kill_node_at_step, restart):  # not in the reference
+        # not in the reference
+        if save and faults.node_dies_now(step, cfg.kill_node_at_step, restart):
             os.kill(os.getpid(), signal.SIGKILL)  # a node dies: every worker of the last agent
-        rows = cfg.batch_size * faults.batch_scale(cfg.fault, cfg.fault_step, step, env.rank, env.world_size)
+        rows = cfg.batch_size * faults.batch_scale(cfg.fault, cfg.fault_step, step, env.rank,
+                                                   env.world_size)
         x, y = data.batch(step, dp_rank, dp_size, rows, cfg.seq_len, env.device)
         start_time = time.perf_counter()
         watched = counter is not None and step == start  # bytes are counted in the first step only
@@ -123,7 +138,8 @@ def train(cfg, env, data, model, optimizer, start, counter=None, logger=None, sa
                        sum(state_bytes(model, optimizer).values()) / MiB,
                        counter.total_bytes / MiB if watched else None, last=step == cfg.steps - 1)
         if evaluate is not None and step % 2 == 1:  # the exercise: every rank calls it
-            eval_value = evaluate(model, faults.eval_batch(data, step, env.rank, env.world_size, cfg), env)
+            eval_value = evaluate(model, faults.eval_batch(data, step, env.rank, env.world_size,
+                                                           cfg), env)
             env.print0(f"      held-out loss after step {step}: {eval_value}")
         if save and cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0:
             save_checkpoint(ckpt.step_dir(cfg.ckpt_dir, step + 1), model, optimizer, step + 1, env)
@@ -142,13 +158,16 @@ def run(cfg, env):
     restart = max(restart_counts)
     mesh, fsdp_mesh, tp_mesh = scale.build_mesh(env, cfg.replicas, cfg.tp)
     env.print0(f"lesson 8 | {env.world_size} ranks on {len(set(nodes))} node(s) {nodes} | "
-               f"{env.backend} | mesh {tuple(mesh.shape)} {mesh.mesh_dim_names} | attempt {restart} | {describe(cfg)}")
+               f"{env.backend} | mesh {tuple(mesh.shape)} {mesh.mesh_dim_names} | attempt "
+               f"{restart} | {describe(cfg)}")
     data = load_data(cfg.data, seed=cfg.seed)
     torch.manual_seed(cfg.seed)
     reference = GPT(cfg.model_config(data.vocab_size)).to(env.device)
     model, optimizer = build(cfg, reference, fsdp_mesh, tp_mesh)
-    results = {"nodes": nodes, "mesh": {"shape": list(mesh.shape), "names": list(mesh.mesh_dim_names)},
-               "restart_count": restart, "restart_counts": restart_counts, "placements": scale.placements_table(model)}
+    results = {"nodes": nodes, "mesh": {"shape": list(mesh.shape),
+                                        "names": list(mesh.mesh_dim_names)},
+               "restart_count": restart, "restart_counts": restart_counts,
+               "placements": scale.placements_table(model)}
 
     # --- checkpoint: a restarted job resumes from the newest complete checkpoint ------------------
     start = 0
@@ -166,7 +185,8 @@ def run(cfg, env):
     results["grad_check"] = scale.grad_check(model, data, cfg, env, start)
     if cfg.memory_limit_mib:
         results["memory_limit"] = faults.limit_memory(cfg.memory_limit_mib, env.device)
-    evaluate = load_learner(cfg.eval_module, "--eval-module", "evaluate(model, batch, env)").evaluate \
+    evaluate = load_learner(cfg.eval_module, "--eval-module",
+                            "evaluate(model, batch, env)").evaluate \
         if cfg.eval_module else None
     eval_value = train(cfg, env, data, model, optimizer, start, counter, logger, evaluate=evaluate,
                        restart=restart)
@@ -185,7 +205,8 @@ def run(cfg, env):
         train(cfg, env, data, fresh, fresh_opt, 0, save=False)
         results["bitwise"] = ckpt.compare_fingerprints(ckpt.fingerprint(model, optimizer),
                                                        ckpt.fingerprint(fresh, fresh_opt))
-        env.print0(f"restarted run vs uninterrupted run: bitwise equal = {results['bitwise']['equal']} "
+        env.print0("restarted run vs uninterrupted run: bitwise equal = "
+                   f"{results['bitwise']['equal']} "
                    f"({results['bitwise']['tensors']} tensors)")
     scale.print_report(env, results)
     write_metrics(cfg.metrics, "lesson8", env, cfg, logger.history, results)
