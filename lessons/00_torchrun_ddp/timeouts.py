@@ -20,14 +20,17 @@ def nccl_default_timeout() -> tuple[timedelta | None, str]:
     ``torch.distributed.constants.default_pg_nccl_timeout``; a CPU-only build sets that to None,
     but still ships the C++ header that defines it (``kProcessGroupNCCLDefaultTimeout``)."""
     if constants.default_pg_nccl_timeout is not None:
-        return constants.default_pg_nccl_timeout, "torch.distributed.constants.default_pg_nccl_timeout"
+        source = "torch.distributed.constants.default_pg_nccl_timeout"
+        return constants.default_pg_nccl_timeout, source
     header = Path(torch.__file__).parent / NCCL_HEADER
     text = header.read_text() if header.is_file() else ""
-    match = re.search(r"kProcessGroupNCCLDefaultTimeout\s*=\s*std::chrono::milliseconds\(([\d\s*]+)\)", text)
+    match = re.search(r"kProcessGroupNCCLDefaultTimeout\s*=\s*"
+                      r"std::chrono::milliseconds\(([\d\s*]+)\)", text)
     if not match:
         return None, "not found in this torch"
     milliseconds = math.prod(int(factor) for factor in match.group(1).split("*"))
-    return timedelta(milliseconds=milliseconds), f"torch/{NCCL_HEADER} (kProcessGroupNCCLDefaultTimeout)"
+    source = f"torch/{NCCL_HEADER} (kProcessGroupNCCLDefaultTimeout)"
+    return timedelta(milliseconds=milliseconds), source
 
 
 def collective_timeouts(device: torch.device) -> dict:

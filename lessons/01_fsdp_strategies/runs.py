@@ -47,7 +47,7 @@ def run_label(cfg, strategy: str) -> str:
 
 
 def refused_run(env, strategy: str, label: str, exc: Exception) -> dict:
-    """A run torch refused to wrap (sync_module_states on CPU ranks): its message, nothing trained."""
+    """A run torch refused to wrap (sync_module_states on CPU ranks): its message, no training."""
     message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
     env.print0(f"\n== {label} ==\ntorch refused to wrap the model: {message}")
     return {"strategy": strategy, "label": label, "sync_module_states": True, "refused": message,

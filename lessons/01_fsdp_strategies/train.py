@@ -16,7 +16,8 @@ same launch (one torch start-up for all).
     bash launch/lesson1.sh --strategy HYBRID_SHARD --no-mesh   # FSDP's own groups: read what it ran
     bash launch/lesson1.sh --use-orig-params --d-model 130 --n-heads 2    # alignment padding
     bash launch/lesson1.sh --sync-module-states      # on CPU ranks torch refuses: read why
-    bash launch/lesson1.sh --variants "mixed-precision=true;use-orig-params=true,d-model=130,n-heads=2"
+    bash launch/lesson1.sh \
+        --variants "mixed-precision=true;use-orig-params=true,d-model=130,n-heads=2"
     torchrun --standalone --nproc-per-node=2 lessons/01_fsdp_strategies/train.py   # the same
 """
 
@@ -70,7 +71,8 @@ class Config(TrainConfig):
     mixed_precision: bool = field(default=False, metadata={
         "help": "compute and communicate in bf16; the sharded master weights stay fp32"})
     use_orig_params: bool = field(default=False, metadata={
-        "help": "expose the original parameters (names, per-parameter groups) instead of flat ones"})
+        "help": "expose the original parameters (names, per-parameter groups) instead of flat "
+                "ones"})
     sync_module_states: bool = field(default=False, metadata={
         "help": "broadcast rank 0's weights while wrapping (needs the module on a GPU)"})
     variants: tuple | None = field(default=None, metadata={

@@ -75,7 +75,8 @@ def print_report(env, run: dict, comm: dict) -> None:
     param_bytes = 4 * run["num_params"]
     theory = run["gathered_theory_by_phase"]
     note = "; nested units: no formula" if run["nested"] else ""
-    env.print0(f"\nall-gathered parameters, peak bytes (theory: fsdp_course.theory.wrapping{note}):")
+    env.print0("\nall-gathered parameters, peak bytes "
+               f"(theory: fsdp_course.theory.wrapping{note}):")
     env.print0(table([{"phase": phase, "measured": run[key], "theory": theory.get(phase, "-"),
                        "MiB": round(run[key] / MiB, 3),
                        "x param bytes": round(run[key] / param_bytes, 3)}

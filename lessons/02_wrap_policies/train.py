@@ -17,7 +17,7 @@ notebook is one launch); each run reports its wrap, prefetch, model, timeline an
     bash launch/lesson2.sh --model staged --wrap transformer # the exercise model: wraps nothing!
     bash launch/lesson2.sh --model staged --wrap custom --policy-file my_policy.py
     bash launch/lesson2.sh --variants "prefetch=post,timeline=true;model=staged,wrap=transformer"
-    torchrun --standalone --nproc-per-node=2 lessons/02_wrap_policies/train.py   # the same as the first
+    torchrun --standalone --nproc-per-node=2 lessons/02_wrap_policies/train.py  # = the first
 
 A policy file is a Python file that defines ``policy(module, recurse, nonwrapped_numel) -> bool``.
 """
@@ -146,7 +146,8 @@ def train(cfg: Config, wrap: str, prefetch: str, env, data, custom_policy) -> di
                 loss.backward()
             if watch:
                 measured = state_bytes(model, optimizer)  # before zero_grad: gradients still held
-                peak_forward, peak_backward, collectives = forward.peak, backward.peak, comm.summary()
+                peak_forward, peak_backward = forward.peak, backward.peak
+                collectives = comm.summary()
                 total = sum(measured.values()) + max(forward.peak,
                                                      backward.peak) + activations["bytes"]
             with timeline.phase("optimizer"):
@@ -199,7 +200,8 @@ def main() -> None:
         env.print0(f"lesson 2 | {env.world_size} ranks | {env.backend} on {env.device.type} | "
                    f"{describe(cfg)}")
         if env.world_size == 1:
-            env.print0("one rank: FSDP falls back to NO_SHARD, so nothing is gathered (try NPROC=2)")
+            env.print0("one rank: FSDP falls back to NO_SHARD, so nothing is gathered "
+                       "(try NPROC=2)")
         data = load_data(cfg.data, seed=cfg.seed)
 
         runs = [train(run_cfg, wrap, prefetch, env, data, custom_policy) | {"variant": variant}

@@ -83,7 +83,8 @@ def print_header(env, api: str, sizes: list[int], no_sync: bool, bug: str,
                  loop_file: str | None) -> None:
     skip = "no_sync()" if api == "fsdp1" else "gradient sync off"
     which = "all" if bug != "none" else "all but the last of"
-    what = f"{skip} on {which} {len(sizes)} micro-batches" if no_sync else "sync on every micro-batch"
+    what = (f"{skip} on {which} {len(sizes)} micro-batches" if no_sync
+            else "sync on every micro-batch")
     uneven = f" of {' + '.join(map(str, sizes))} sequences" if len(set(sizes)) > 1 else ""
     env.print0(f"\n== {api}, K={len(sizes)}: "
                f"{what}{uneven}{', your accumulate()' if loop_file else ''} ==")

@@ -69,7 +69,8 @@ class Config(TrainConfig):
     steps: int = field(default=10, metadata={"help": "optimizer steps"})
     batch_size: int = field(default=8, metadata={"help": "sequences per rank per micro-batch"})
     last_batch_size: Sizes = field(default=Sizes("0"), metadata={
-        "help": "sequences per rank in the last micro-batch of a step (0: --batch-size): " + Sizes.expected})
+        "help": "sequences per rank in the last micro-batch of a step (0: --batch-size): "
+                + Sizes.expected})
     variants: tuple | None = field(default=None, metadata={
         "parse": parse_variants, "metavar": "'FLAG=V,FLAG=V;...'", "help": VARIANTS_HELP})
 

@@ -13,10 +13,11 @@ three must end bitwise identical (RNG states included).
     bash launch/lesson4.sh --crash-at-step 5             # rank N-1 is killed once; restart, resume
     bash launch/lesson4.sh --crash-at-step 8 --crash-in save    # killed half-way through a save
     COURSE_TIMEOUT_S=2 bash launch/lesson4.sh --bug rank0-only  # state_dict() on rank 0 only: hangs
-    bash launch/lesson4.sh --bug offload-cpu             # classic FSDP's offload_to_cpu on CPU ranks
+    bash launch/lesson4.sh --bug offload-cpu             # classic offload_to_cpu on CPU ranks
     NPROC=2 bash launch/lesson4.sh --save runs/lesson4/dcp2     # save on 2 ranks ...
     NPROC=3 bash launch/lesson4.sh --load runs/lesson4/dcp2     # ... load on 3, checked equal
-    bash launch/lesson4.sh --save DIR --reload --rng per-rank --ckpt-module solutions/lesson4_dcp_save_load.py
+    bash launch/lesson4.sh --save DIR --reload --rng per-rank \
+        --ckpt-module solutions/lesson4_dcp_save_load.py
 """
 
 import functools
@@ -123,7 +124,8 @@ def train_step(model, optimizer, data, env, cfg, step) -> tuple[float, int]:
 
 def save_checkpoint(path, model, optimizer, step, env, crash=False):
     """DCP: every rank writes only its own part, in parallel. For classic FSDP get_state_dict
-    all-gathers each unit for a moment to cut it into per-parameter chunks; FSDP2 gathers nothing."""
+    all-gathers each unit for a moment to cut it into per-parameter chunks; FSDP2 gathers
+    nothing."""
     model_sd, optim_sd = get_state_dict(model, optimizer)  # ShardedTensors (FSDP2: DTensors)
     # The RNG state is a plain tensor, the same key on every rank: DCP keeps ONE copy of it.
     # (The CPU generator; on GPUs dropout draws from torch.cuda.get_rng_state()'s, save it too.)

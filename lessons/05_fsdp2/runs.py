@@ -84,12 +84,13 @@ def variant_label(cfg) -> str:
     parts += [f"accum={cfg.grad_accum}"] * (cfg.grad_accum > 1) + ["offload"] * cfg.cpu_offload
     parts += [f"compile={cfg.compile}"] * (cfg.compile != "none") + ["fullgraph"] * cfg.fullgraph
     parts += [f"bug={cfg.bug}"] * bool(cfg.bug)
-    parts += [f"hsdp {cfg.replicas}x"] * (cfg.replicas > 1) + ["shard-module"] * bool(cfg.shard_module)
+    parts += [f"hsdp {cfg.replicas}x"] * (cfg.replicas > 1)
+    parts += ["shard-module"] * bool(cfg.shard_module)
     return " ".join(parts)
 
 
 def validate(cfg, world_size: int) -> None:
-    """Refuse flag combinations that mean nothing (ValueError: the script turns it into one line)."""
+    """Refuse flag combinations that mean nothing (ValueError: the script makes it one line)."""
     reshard = cfg.reshard_after_forward
     if cfg.api == "classic":
         fsdp2_only = {"--bug": cfg.bug, "--shard-module": cfg.shard_module,
@@ -277,7 +278,8 @@ def finished_run(cfg, env, model, before: dict, history: list[dict], tracked: in
     tolerance = 2e-2 if cfg.mixed_precision else 1e-4
     checks["loss0_matches_reference"] = abs(checks["loss0"] - checks["reference_loss0"]) < tolerance
     found = problems(checks, cfg.steps)
-    for line in found or ["checks passed: masks causal, step-0 loss = reference, all shards trained"]:
+    passed = "checks passed: masks causal, step-0 loss = reference, all shards trained"
+    for line in found or [passed]:
         env.print0(("PROBLEM DETECTED: " if found else "") + line)
     if before["export"] != "ok":
         env.print0(f"plain load_state_dict of its state_dict(): {before['export']}")
@@ -313,7 +315,7 @@ def dtensor_table(rows: list[dict], brief: bool = False) -> list[dict]:
 
 
 def comparison_rows(runs: list[dict]) -> list[dict]:
-    """One row per measured run: memory categories (MiB, rank 0), collective MiB, ms per step, loss."""
+    """One row per measured run: memory categories (MiB, rank 0), collective MiB, ms/step, loss."""
     rows = []
     for run in runs:
         if not run.get("memory"):  # stopped before training, or compiled (no instruments)

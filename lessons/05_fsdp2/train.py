@@ -68,7 +68,7 @@ class Config(TrainConfig):
 
 
 def build_fsdp2(cfg, env, mesh, model_cfg, shard_fn=None):
-    """Meta-device build -> (compile) -> fully_shard (each block, then the root) -> to_empty -> init."""
+    """Meta-device build -> (compile) -> fully_shard (blocks, then the root) -> to_empty -> init."""
     # --- model: on the meta device: shapes only, no memory, no values yet ----------------------
     with torch.device("meta"):
         model = GPT(model_cfg)

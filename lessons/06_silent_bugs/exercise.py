@@ -35,7 +35,8 @@ def inspector(env, findings: list):
         findings.append(found)
         differ = found["differ"]
         names = f": {', '.join(differ[:4])}" if differ else ""
-        skipped = f" ({found['sharded']} sharded parameters not compared)" if found["sharded"] else ""
+        skipped = (f" ({found['sharded']} sharded parameters not compared)" if found["sharded"]
+                   else "")
         env.print0(f"[inspect {where}] {len(differ)} of {found['checked']} unsharded tensors "
                    "differ "
                    f"across ranks{names}{skipped}; BatchNorm statistics: "

@@ -15,8 +15,8 @@ statistics with the unbiased variance of the global batch, as ``nn.BatchNorm`` w
 process. Backward: the functional ``all_reduce`` (``torch.distributed._functional_collectives``,
 which torch 2.13 names as the replacement of the deprecated ``torch.distributed.nn.functional``
 one) has an autograd formula that all-reduces the incoming gradients, so every rank gets the
-gradient of the global batch's statistics. Two small all-reduces per layer and step, forward and backward: that is the
-price of synchronised statistics.
+gradient of the global batch's statistics. Two small all-reduces per layer and step, forward
+and backward: that is the price of synchronised statistics.
 """
 
 from __future__ import annotations

@@ -116,8 +116,8 @@ def train(variant: str, cfg, env, batch: int, steps: int, ref: dict) -> dict:
         loss = F.cross_entropy(logits, y.to(env.device))
         loss.backward()
         if step == 0:
-            result["output_diff"] = max_over_ranks((logits.detach().cpu() - ref["logits"][rows]).abs().max().item(),
-                                                   env.device)
+            diff = (logits.detach().cpu() - ref["logits"][rows]).abs().max().item()
+            result["output_diff"] = max_over_ranks(diff, env.device)
             result["grad_rel_error"] = rel_error({k: v.cpu() for k, v in full_grads(inner).items()},
                                                  ref["grads"])
         optimizer.step()
@@ -160,8 +160,8 @@ def classic_mixed_precision(cfg, env) -> list[dict]:
     With a policy FSDP adds its own pre-hook to each BatchNorm (``_override_module_mixed_precision``
     in ``torch/distributed/fsdp/_common_utils.py``) that casts the input to fp32, and a post-hook
     that casts the output back. A hook registered before wrapping runs before FSDP's and sees the
-    input as it arrives; one registered after wrapping runs after it and sees what BatchNorm computes
-    with. Both are recorded."""
+    input as it arrives; one registered after wrapping runs after it and sees what BatchNorm
+    computes with. Both are recorded."""
     rows = []
     for policy, buffer_dtype in ((ModuleWrapPolicy({nn.Sequential}), torch.bfloat16),
                                  (None, torch.bfloat16), (None, None)):

@@ -122,7 +122,7 @@ def reference(cfg, env) -> dict:
 
 
 def full_grads(model: nn.Module) -> dict:
-    """Every parameter's whole gradient (after the reduce), in fp32 on the CPU, by its plain name."""
+    """Every parameter's whole gradient (after the reduce), fp32 on the CPU, by its plain name."""
     if isinstance(model, FSDP):  # classic: gather the shards (use_orig_params=True keeps names)
         with FSDP.summon_full_params(model, with_grads=True):
             return {n: p.grad.float().cpu() for n, p in model.module.named_parameters()}
@@ -182,7 +182,8 @@ def train(spec: Spec, cfg, env, ref: dict) -> dict:
             optimizer.step()
         if step == 0:
             state = next(iter(optimizer.state.values()), {})
-            result["dtypes"]["optimizer state"] = dtype_name(local_tensor(state["exp_avg"])) if state else "-"
+            exp_avg = dtype_name(local_tensor(state["exp_avg"])) if state else "-"
+            result["dtypes"]["optimizer state"] = exp_avg
         optimizer.zero_grad(set_to_none=True)
         result["losses"].append(mean_over_ranks(loss))
     result["loss_diff"] = max(abs(a - b) for a, b in zip(result["losses"], ref["losses"]))

@@ -85,7 +85,8 @@ def main() -> None:
             raise CourseError(f"--global-batch {cfg.global_batch} does not split over "
                               f"{env.world_size} ranks")
         loop = load_learner(cfg.exercise or HERE / "mystery_loop.py", "--exercise",
-                            "train(env, batches, steps, seed, inspect)") if "exercise" in cfg.parts else None
+                            "train(env, batches, steps, seed, inspect)"
+                            ) if "exercise" in cfg.parts else None
         env.print0(f"lesson 6 | {env.world_size} ranks | {env.backend} on {env.device.type} | "
                    f"{describe(cfg)}")
         results = {}

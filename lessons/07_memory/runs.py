@@ -34,7 +34,8 @@ def label(cfg) -> str:
         parts.append(f"ac={cfg.activation_checkpointing}")
         parts += ["reentrant"] * cfg.ac_reentrant + ["wrong-order"] * (cfg.ac_order == "wrong")
     parts += [f"offload={cfg.cpu_offload}"] * (cfg.cpu_offload != "none")
-    parts += [f"seq={cfg.seq_len}"] * (cfg.seq_len != 64) + [f"batch={cfg.batch_size}"] * (cfg.batch_size != 8)
+    parts += [f"seq={cfg.seq_len}"] * (cfg.seq_len != 64)
+    parts += [f"batch={cfg.batch_size}"] * (cfg.batch_size != 8)
     parts += [f"limit={cfg.rank_memory_mib:g}MiB"] * bool(cfg.rank_memory_mib)
     return " ".join(parts)
 
@@ -79,7 +80,8 @@ def expand(cfg, world_size: int) -> list:
         if v.api == "fsdp2" and v.strategy == "NO_SHARD":
             raise ValueError("api=fsdp2 has no NO_SHARD: a full replica per rank is strategy=DDP")
         if v.strategy == "DDP" and (v.cpu_offload != "none" or v.mixed_precision):
-            raise ValueError("strategy=DDP: --cpu-offload and --mixed-precision belong to FSDP here")
+            raise ValueError("strategy=DDP: --cpu-offload and --mixed-precision belong to FSDP "
+                             "here")
         if v.ac_reentrant and v.api == "fsdp2" and v.strategy != "DDP":
             raise ValueError("--ac-reentrant: FSDP2's checkpoint() is non-reentrant only "
                              "(api=classic)")
@@ -159,7 +161,8 @@ def comparison_rows(results: list[dict], outcomes: list[dict] | None = None) -> 
         row = {"run": r["label"]}
         for key in ("params", "grads", "optimizer"):
             row[key] = f"{_mib(cats[key])} / {_mib(state.get(key))}"
-        row["gathered"] = f"{_mib(pred['at_peak'].get('gathered', 0))} / {_mib(meas.get('at_peak', {}).get('gathered'))}"
+        gathered = meas.get("at_peak", {}).get("gathered")
+        row["gathered"] = f"{_mib(pred['at_peak'].get('gathered', 0))} / {_mib(gathered)}"
         row["activations"] = f"{_mib(cats['activations'])} / {_mib(meas.get('activations'))}"
         row["peak"] = f"{_mib(pred['peak'])} / {_mib(meas.get('peak'))}"
         row["peak error"] = (f"{100 * (pred['peak'] - meas['peak']) / meas['peak']:+.1f}%"

@@ -7,7 +7,8 @@ classic ``FullyShardedDataParallel``), the strategy (or DDP), bf16 mixed precisi
 checkpointing, CPU offload, and a per-rank memory limit that makes "does not fit" real.
 
     bash launch/lesson7.sh                                    # FSDP2 FULL_SHARD, 2 ranks
-    bash launch/lesson7.sh --variants "api=classic;mixed-precision=true;activation-checkpointing=full"
+    bash launch/lesson7.sh \
+        --variants "api=classic;mixed-precision=true;activation-checkpointing=full"
     bash launch/lesson7.sh --activation-checkpointing every-2 --seq-len 128
     NPROC=4 bash launch/lesson7.sh --d-model 256 --n-layers 8 --batch-size 4 \\
         --rank-memory-mib 96 --variants "strategy=DDP;strategy=FULL_SHARD"
@@ -84,7 +85,8 @@ def shard(model, cfg, env):
         options = dict(reshard_after_forward=cfg.strategy == "FULL_SHARD",
                        mp_policy=mp if cfg.mixed_precision else MixedPrecisionPolicy())
         if cfg.cpu_offload != "none":  # pinned memory needs an accelerator (see the notebook)
-            options["offload_policy"] = CPUOffloadPolicy(pin_memory=cfg.cpu_offload == "params-pinned")
+            pinned = cfg.cpu_offload == "params-pinned"
+            options["offload_policy"] = CPUOffloadPolicy(pin_memory=pinned)
         if cfg.ac_order == "right":
             for block in chosen:
                 checkpoint(block)  # FSDP2: checkpoint BEFORE fully_shard (torchtitan's order)

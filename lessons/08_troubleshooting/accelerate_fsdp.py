@@ -58,7 +58,8 @@ def main() -> None:
                        f"with accelerator.prepare each would train its own copy, no FSDP, no error")
         # --- model: the course GPT; the plugin accelerate built from the same config ---------
         from_launch = "FSDP_VERSION" in os.environ  # accelerate launch set FSDP_* already
-        plugin = FullyShardedDataParallelPlugin() if from_launch else ecosystem.accelerate_plugin(cfg.config)
+        plugin = (FullyShardedDataParallelPlugin() if from_launch
+                  else ecosystem.accelerate_plugin(cfg.config))
         data = load_data(cfg.data, seed=cfg.seed)
         torch.manual_seed(cfg.seed)
         model = GPT(cfg.model_config(data.vocab_size)).to(env.device)

@@ -4,7 +4,8 @@
   each process (accelerate's own launcher code builds it), and ``accelerate_plugin(config)``
   the ``FullyShardedDataParallelPlugin`` accelerate builds from that environment.
 - ``accelerate_mixed_precision(fsdp_version, precision)``: the policy accelerate builds from its
-  top-level ``mixed_precision`` (its own ``set_mixed_precision``, as its ``AcceleratorState`` calls it).
+  top-level ``mixed_precision`` (its own ``set_mixed_precision``, as its ``AcceleratorState``
+  calls it).
 - ``fully_shard_kwargs(plugin, block_cls)``: what that plugin means in the course's own calls.
 - ``zero_table(shape, world_size, batch)``: per-rank bytes of ZeRO stages 0-3 next to FSDP's
   strategies, from lesson 7's planner (``fsdp_course.theory.memory``).
@@ -192,9 +193,9 @@ def fsdp_hooks_for_zero_extras() -> dict:
     param_source = inspect.getsource(_fsdp_param)
     return {
         "reshard_after_forward int": " ".join(doc[start:end]),
-        "tensor-subclass hooks FSDP2 calls": [name for name in ("fsdp_pre_all_gather",
-                                                                "fsdp_post_all_gather")
-                                              if f'hasattr(inner_tensor, "{name}")' in param_source],
+        "tensor-subclass hooks FSDP2 calls": [
+            name for name in ("fsdp_pre_all_gather", "fsdp_post_all_gather")
+            if f'hasattr(inner_tensor, "{name}")' in param_source],
         "FSDPModule setters": [name for name in ("set_custom_all_gather",
                                                  "set_custom_reduce_scatter")
                                if callable(getattr(FSDPModule, name, None))],

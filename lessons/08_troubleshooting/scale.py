@@ -161,7 +161,8 @@ def validate(cfg, env) -> None:
     from fsdp_course.dist import CourseError
 
     if cfg.replicas > 1 and cfg.tp > 1:
-        raise CourseError("--replicas and --tp together (3-D) are not part of this lesson: pick one")
+        raise CourseError("--replicas and --tp together (3-D) are not part of this lesson: "
+                          "pick one")
     for name, value in (("--replicas", cfg.replicas), ("--tp", cfg.tp)):
         if value < 1 or env.world_size % value:
             raise CourseError(f"{name} {value} must divide the world size {env.world_size}")

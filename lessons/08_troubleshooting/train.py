@@ -3,15 +3,17 @@
     bash launch/lesson8.sh                                        # healthy: fully_shard on 2 ranks
     COURSE_TIMEOUT_S=6 bash launch/lesson8.sh --fault uneven-data # a rank skips a collective: hang
     TORCH_DISTRIBUTED_DEBUG=DETAIL bash launch/lesson8.sh --fault uneven-data   # names the mismatch
-    COURSE_TIMEOUT_S=6 bash launch/lesson8.sh --fault rank-branch # a collective under `if rank == 0`
+    COURSE_TIMEOUT_S=6 bash launch/lesson8.sh --fault rank-branch # collective under `if rank == 0`
     bash launch/lesson8.sh --fault oom --memory-limit-mib 48      # one rank's batch is too big: OOM
     # two "nodes" on this machine, HSDP: replicate across nodes, shard within (run both lines):
     NNODES=2 NODE_RANK=0 MASTER_ADDR=127.0.0.1 bash launch/lesson8.sh --replicas 2 --compare-flat
     NNODES=2 NODE_RANK=1 MASTER_ADDR=127.0.0.1 bash launch/lesson8.sh --replicas 2 --compare-flat
-    # node 1's workers killed at step 5; both nodes restart from the last checkpoint (NODE_RANK=0 and 1):
-    MAX_RESTARTS=1 NPROC=1 NNODES=2 NODE_RANK=0|1 MASTER_ADDR=127.0.0.1 bash launch/lesson8.sh --replicas 2 --ckpt-every 2 --kill-node-at-step 5
+    # node 1's workers killed at step 5; both nodes restart from the last checkpoint:
+    MAX_RESTARTS=1 NPROC=1 NNODES=2 NODE_RANK=0|1 MASTER_ADDR=127.0.0.1 bash launch/lesson8.sh \
+        --replicas 2 --ckpt-every 2 --kill-node-at-step 5
     NPROC=4 bash launch/lesson8.sh --tp 2                         # 2-D mesh: FSDP x tensor parallel
-    COURSE_TIMEOUT_S=10 bash launch/lesson8.sh --steps 4 --eval-module lessons/08_troubleshooting/broken_evaluate.py
+    COURSE_TIMEOUT_S=10 bash launch/lesson8.sh --steps 4 \
+        --eval-module lessons/08_troubleshooting/broken_evaluate.py
 
 While a job hangs, `py-spy dump --pid PID` on each rank's process shows where it waits.
 """
