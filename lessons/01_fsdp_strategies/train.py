@@ -108,8 +108,7 @@ def train(cfg: Config, strategy: str, label: str, env, data) -> dict:
             device_id=env.device,  # where FSDP moves the module and computes: this rank's GPU, or
                                    # the CPU (left out, FSDP looks for an accelerator)
             sync_module_states=cfg.sync_module_states,  # broadcast rank 0's weights (GPU only)
-            # original names and groups; torch.compile needs it
-            use_orig_params=cfg.use_orig_params,
+            use_orig_params=cfg.use_orig_params,  # original names and groups: torch.compile needs
             device_mesh=mesh,
         )
     except ValueError as exc:
@@ -208,8 +207,7 @@ def main() -> None:
         planned = plan(cfg, env.world_size)  # (config, strategy, label, variant): all checked first
         env.print0(f"lesson 1 | {env.world_size} ranks | {env.backend} on {env.device.type} | "
                    f"{describe(cfg)}")
-        # torch warns at every unit: once
-        if any(strategy == "NO_SHARD" for _, strategy, _, _ in planned):
+        if any(strategy == "NO_SHARD" for _, strategy, _, _ in planned):  # warned per unit: once
             warnings.filterwarnings("ignore",
                                     message="The `NO_SHARD` sharding strategy is deprecated")
             env.print0("note: torch 2.13 deprecates NO_SHARD (FutureWarning: use "

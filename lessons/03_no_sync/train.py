@@ -141,8 +141,7 @@ def train(cfg: Config, api: str, sizes: tuple, no_sync: bool, bug: str, env, dat
         micro_batches = [data.batch(step * accum + i, env.rank, env.world_size, n, cfg.seq_len,
                                     env.device)
                          for i, n in enumerate(sizes)]
-        # the instruments slow a step: they watch step 0, which ms/step leaves out
-        watch = step == 0
+        watch = step == 0  # the instruments slow a step: they watch step 0, left out of ms/step
         start = time.perf_counter()
         with CommCounter() if watch else nullcontext() as comm:
             loss = loop(model, micro_batches, counting_loss if watch else lm_loss)
@@ -170,8 +169,7 @@ def train(cfg: Config, api: str, sizes: tuple, no_sync: bool, bug: str, env, dat
                                                               sum(grads.values()))
         optimizer.zero_grad(set_to_none=True)
         ms += (time.perf_counter() - start) * 1e3
-        # a learner's loop may return None
-        loss = torch.as_tensor(loss or 0.0, device=env.device).float()
+        loss = torch.as_tensor(loss or 0.0, device=env.device).float()  # a learner's may be None
         logger.log(step, mean_over_ranks(loss), ms, peak / MiB if watch else None,
                    comm.total_bytes / MiB if watch else None,
                    last=watch or step == cfg.steps - 1 or step_error is not None)
@@ -217,8 +215,7 @@ def main() -> None:
         warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
 
         runs, references = [], {}
-        # the command line's runs, then the variants'
-        for run_cfg, api, sizes, no_sync, bug in plan:
+        for run_cfg, api, sizes, no_sync, bug in plan:  # the command line's runs, then variants'
             loop = learner or functools.partial(accumulate, no_sync=no_sync, bug=bug)
             runs.append(train(run_cfg, api, sizes, no_sync, bug, env, data, loop, references))
 

@@ -57,47 +57,37 @@ from fsdp_course.report import MetricLogger, write_metrics
 
 @dataclass
 class Config(TrainConfig):
-    steps: int = field(default=8,
-                       metadata={"help": "train until this step (a total, also after a resume)"})
+    steps: int = field(default=8, metadata={
+        "help": "train until this step (a total, also after a resume)"})
     d_model: int = 64  # a smaller model than lessons 1-3: here the saves and loads are the point
     n_layers: int = 2
     log_every: int = 2
     ckpt_every: int = field(default=4, metadata={"help": "checkpoint every N steps (0: never)"})
     ckpt_dir: str = field(default="runs/lesson4/ckpt", metadata={"help": "where checkpoints go"})
     keep: int = field(default=2, metadata={"parse": int_at_least(1),
-                                           "help": "keep the newest N checkpoints (at least 1: a "
-                                                   "resume needs the newest)"})
-    resume: bool = field(default=False,
-                         metadata={"help": "resume from the newest checkpoint (automatic after a "
-                                           "restart)"})
-    crash_at_step: int | None = field(default=None,
-                                      metadata={"help": "kill the last rank once at this step "
-                                                        "(needs MAX_RESTARTS>=1)"})
-    crash_in: str = field(default="step",
-                          metadata={"choices": ("step", "save"),
-                                    "help": "step: before the step; save: during the first save at "
-                                            "or after it"})
+        "help": "keep the newest N checkpoints (at least 1: a resume needs the newest)"})
+    resume: bool = field(default=False, metadata={
+        "help": "resume from the newest checkpoint (automatic after a restart)"})
+    crash_at_step: int | None = field(default=None, metadata={
+        "help": "kill the last rank once at this step (needs MAX_RESTARTS>=1)"})
+    crash_in: str = field(default="step", metadata={"choices": ("step", "save"),
+        "help": "step: before the step; save: during the first save at or after it"})
     rng: str = field(default="shared", metadata={"choices": ("shared", "per-rank"),
-                                                 "help": "per-rank: each rank reseeds after the "
-                                                         "build (its own dropout masks, say)"})
-    save: str | None = field(default=None,
-                             metadata={"help": "after training, save a DCP checkpoint here"})
-    reload: bool = field(default=False,
-                         metadata={"help": "after --save, load it into a fresh model (another init "
-                                           "and RNG) and compare"})
-    load: str | None = field(default=None,
-                             metadata={"help": "load this DCP checkpoint first (any world size)"})
-    ckpt_module: str | None = field(default=None,
-                                    metadata={"help": "a .py file with save(path, model, "
-                                                      "optimizer) and load(path, model, optimizer) "
-                                                      "for --save/--load"})
-    demo: tuple[str, ...] = field(default=(),
-                                  metadata={"parse": list_flag("Demos", runs.DEMOS),
-                                            "help": list_help("after training", runs.DEMOS)})
-    bug: str | None = field(default=None,
-                            metadata={"choices": ("rank0-only", "offload-cpu"),
-                                      "help": "rank0-only: state_dict() on rank 0 only; "
-                                              "offload-cpu: offload_to_cpu=True on CPU ranks"})
+        "help": "per-rank: each rank reseeds after the build (its own dropout masks, say)"})
+    save: str | None = field(default=None, metadata={
+        "help": "after training, save a DCP checkpoint here"})
+    reload: bool = field(default=False, metadata={
+        "help": "after --save, load it into a fresh model (another init and RNG) and compare"})
+    load: str | None = field(default=None, metadata={
+        "help": "load this DCP checkpoint first (any world size)"})
+    ckpt_module: str | None = field(default=None, metadata={
+        "help": "a .py file with save(path, model, optimizer) and load(path, model, optimizer) "
+                "for --save/--load"})
+    demo: tuple[str, ...] = field(default=(), metadata={
+        "parse": list_flag("Demos", runs.DEMOS), "help": list_help("after training", runs.DEMOS)})
+    bug: str | None = field(default=None, metadata={"choices": ("rank0-only", "offload-cpu"),
+        "help": "rank0-only: state_dict() on rank 0 only; "
+                "offload-cpu: offload_to_cpu=True on CPU ranks"})
 
 
 def build(cfg, env, data, seed):
@@ -153,8 +143,7 @@ def main() -> None:
     cfg = parse_config(Config, __doc__)
     with distributed(seed=cfg.seed) as env:
         # --- setup -------------------------------------------------------------------------
-        # repeated on every call; --demo types shows one, explained
-        ckpt.quiet_state_dict_warnings()
+        ckpt.quiet_state_dict_warnings()  # repeated per call; --demo types shows one, explained
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         periodic = runs.periodic_checkpoints(cfg)  # and the flags that need it, checked
         save_fn, load_fn = runs.checkpoint_functions(cfg, save_checkpoint, load_checkpoint, env)
@@ -229,17 +218,16 @@ def main() -> None:
         # --- report: the run against a restored copy and an uninterrupted one -----------------
         if periodic:
             results["final"] = final = ckpt.fingerprint(model, optimizer, rng=True)
-            # restored from it with seed + 1: the load must overwrite all
-            oldest = ckpt.published(root)[0]
+            oldest = ckpt.published(root)[0]  # restored with seed + 1: the load must overwrite all
             for name, seed, source in (("restored", cfg.seed + 1, oldest),
                                        ("uninterrupted", cfg.seed, None)):
                 copy, copy_optimizer = build(cfg, env, data, seed)
                 first = load_checkpoint(source, copy, copy_optimizer) if source else 0
                 for step in range(first, cfg.steps):
                     train_step(copy, copy_optimizer, data, env, cfg, step)
+                copied = ckpt.fingerprint(copy, copy_optimizer, rng=True)
                 verdict = results[f"equal_{name}"] = {"from_step": first,
-                                                      **ckpt.compare_fingerprints(
-                    final, ckpt.fingerprint(copy, copy_optimizer, rng=True))}
+                                                      **ckpt.compare_fingerprints(final, copied)}
                 env.print0(f"{name:>13} copy (from step {first}) ends bitwise equal: "
                            f"{verdict['equal']} {verdict['different'] or ''}")
             results["checkpoint_files"] = ckpt.list_files(ckpt.latest(root))

@@ -127,8 +127,7 @@ def build_classic(cfg, env, reference):
                                                    transformer_layer_cls={Block}),
                 # FULL_SHARD reshards every unit but the root: FSDP2's default (None)
                 sharding_strategy=ShardingStrategy.SHARD_GRAD_OP
-                if cfg.reshard_after_forward is False
-                else ShardingStrategy.FULL_SHARD,
+                if cfg.reshard_after_forward is False else ShardingStrategy.FULL_SHARD,
                 mixed_precision=MixedPrecision(param_dtype=torch.bfloat16,
                                                reduce_dtype=torch.float32)
                 if cfg.mixed_precision else None,
@@ -160,13 +159,12 @@ def train(cfg, env, data, mesh, reference, shard_fn=None) -> dict:
     tracked = min(1, cfg.steps - 1)  # one step measured by the instruments (they slow it down)
     memory, collectives, kept = {}, {}, None
     for step in range(cfg.steps):
-        # dispatch-mode trackers and compile clash
-        measure = step == tracked and cfg.compile == "none"
+        measure = step == tracked and cfg.compile == "none"  # dispatch-mode trackers vs compile
         start = time.perf_counter()
         step_loss = torch.zeros((), device=env.device)
         with GroupCommCounter() if measure else nullcontext() as comm, \
-                MemoryProbe(model, optimizer,
-                            enabled=measure) as probe, runs.compile_failure(cfg) as failed:
+                MemoryProbe(model, optimizer, enabled=measure) as probe, \
+                runs.compile_failure(cfg) as failed:
             for micro in range(cfg.grad_accum):
                 last = micro == cfg.grad_accum - 1
                 if cfg.grad_accum > 1 and cfg.api == "fsdp2":
@@ -187,14 +185,14 @@ def train(cfg, env, data, mesh, reference, shard_fn=None) -> dict:
         if measure:
             memory, collectives = probe.peaks, dict(comm.summary(), by_group=comm.by_group())
             kept = resharding(model) if cfg.api == "fsdp2" else None
-        # None: "-"
+        # None: printed as "-"
         peak, sent = (memory["peak"] / MiB, comm.total_bytes / MiB) if measure else (None, None)
-        logger.log(step, mean_over_ranks(step_loss), ms, peak, sent, last=measure
-                   or step == cfg.steps - 1)
+        logger.log(step, mean_over_ranks(step_loss), ms, peak, sent,
+                   last=measure or step == cfg.steps - 1)
 
     # --- report: what changed, what was measured, what the checks say --------------------------
-    return runs.finished_run(cfg, env, model, before, logger.history, tracked, memory, collectives,
-                             kept)
+    return runs.finished_run(cfg, env, model, before, logger.history, tracked, memory,
+                             collectives, kept)
 
 
 def main() -> None:

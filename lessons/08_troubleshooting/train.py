@@ -57,27 +57,22 @@ class Config(TrainConfig):
     d_model: int = 64  # small: here the failures and the layouts are the point, not the model
     n_layers: int = 2
     log_every: int = 1
-    fault: str = field(default="none", metadata={"choices": faults.FAULTS,
-                                                 "help": "reproduce a failure"})
+    fault: str = field(default="none", metadata={
+        "choices": faults.FAULTS, "help": "reproduce a failure"})
     fault_step: int = field(default=3, metadata={"help": "the step at which the fault strikes"})
-    memory_limit_mib: float = field(default=0,
-                                    metadata={"help": "per-rank memory budget over what is used "
-                                                      "after step 0 (0: none)"})
-    replicas: int = field(default=1,
-                          metadata={"help": "HSDP: (replicas, ranks/replicas) mesh; use the number "
-                                            "of nodes"})
-    compare_flat: bool = field(default=False,
-                               metadata={"help": "also measure one step of plain FSDP over all "
-                                                 "ranks"})
+    memory_limit_mib: float = field(default=0, metadata={
+        "help": "per-rank memory budget over what is used after step 0 (0: none)"})
+    replicas: int = field(default=1, metadata={
+        "help": "HSDP: (replicas, ranks/replicas) mesh; use the number of nodes"})
+    compare_flat: bool = field(default=False, metadata={
+        "help": "also measure one step of plain FSDP over all ranks"})
     tp: int = field(default=1, metadata={"help": "tensor-parallel degree: a (data, tensor) mesh"})
     ckpt_every: int = field(default=0, metadata={"help": "DCP checkpoint every N steps (0: never)"})
     ckpt_dir: str = field(default="runs/lesson8/ckpt", metadata={"help": "where checkpoints go"})
-    kill_node_at_step: int | None = field(default=None,
-                                          metadata={"help": "the last node's workers SIGKILL "
-                                                            "themselves once, at this step"})
-    eval_module: str | None = field(default=None,
-                                    metadata={"help": "a .py file with evaluate(model, batch, "
-                                                      "env), run every 2 steps"})
+    kill_node_at_step: int | None = field(default=None, metadata={
+        "help": "the last node's workers SIGKILL themselves once, at this step"})
+    eval_module: str | None = field(default=None, metadata={
+        "help": "a .py file with evaluate(model, batch, env), run every 2 steps"})
 
 
 def build(cfg, reference, fsdp_mesh, tp_mesh):
@@ -109,8 +104,7 @@ def load_checkpoint(path, model, optimizer) -> int:
 
 
 def train(cfg, env, data, model, optimizer, start, counter=None, logger=None, save=True,
-          evaluate=None,
-          restart=0):
+          evaluate=None, restart=0):
     """The loop, with the lesson's faults where real jobs meet them. Returns the held-out loss
     of the last evaluation (with ``evaluate``)."""
     dp_size, dp_rank = env.world_size // cfg.tp, env.rank // cfg.tp  # TP partners: same batch
@@ -140,8 +134,8 @@ def train(cfg, env, data, model, optimizer, start, counter=None, logger=None, sa
                        sum(state_bytes(model, optimizer).values()) / MiB,
                        counter.total_bytes / MiB if watched else None, last=step == cfg.steps - 1)
         if evaluate is not None and step % 2 == 1:  # the exercise: every rank calls it
-            eval_value = evaluate(model, faults.eval_batch(data, step, env.rank, env.world_size,
-                                                           cfg), env)
+            batch = faults.eval_batch(data, step, env.rank, env.world_size, cfg)
+            eval_value = evaluate(model, batch, env)
             env.print0(f"      held-out loss after step {step}: {eval_value}")
         if save and cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0:
             save_checkpoint(ckpt.step_dir(cfg.ckpt_dir, step + 1), model, optimizer, step + 1, env)
@@ -187,9 +181,8 @@ def run(cfg, env):
     results["grad_check"] = scale.grad_check(model, data, cfg, env, start)
     if cfg.memory_limit_mib:
         results["memory_limit"] = faults.limit_memory(cfg.memory_limit_mib, env.device)
-    evaluate = load_learner(cfg.eval_module, "--eval-module",
-                            "evaluate(model, batch, env)").evaluate \
-        if cfg.eval_module else None
+    evaluate = load_learner(cfg.eval_module, "--eval-module", "evaluate(model, batch, env)"
+                            ).evaluate if cfg.eval_module else None
     eval_value = train(cfg, env, data, model, optimizer, start, counter, logger, evaluate=evaluate,
                        restart=restart)
     dist.barrier()  # every rank has finished training before the report
