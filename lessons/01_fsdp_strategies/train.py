@@ -108,7 +108,7 @@ def train(cfg: Config, strategy: str, label: str, env, data) -> dict:
             device_id=env.device,  # where FSDP moves the module and computes: this rank's GPU, or
                                    # the CPU (left out, FSDP looks for an accelerator)
             sync_module_states=cfg.sync_module_states,  # broadcast rank 0's weights (GPU only)
-            use_orig_params=cfg.use_orig_params,  # original names and groups: torch.compile needs
+            use_orig_params=cfg.use_orig_params,  # names and groups kept; torch.compile needs it
             device_mesh=mesh,
         )
     except ValueError as exc:

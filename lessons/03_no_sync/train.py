@@ -169,7 +169,7 @@ def train(cfg: Config, api: str, sizes: tuple, no_sync: bool, bug: str, env, dat
                                                               sum(grads.values()))
         optimizer.zero_grad(set_to_none=True)
         ms += (time.perf_counter() - start) * 1e3
-        loss = torch.as_tensor(loss or 0.0, device=env.device).float()  # a learner's may be None
+        loss = torch.as_tensor(loss or 0.0, device=env.device).float()  # a learner may return None
         logger.log(step, mean_over_ranks(loss), ms, peak / MiB if watch else None,
                    comm.total_bytes / MiB if watch else None,
                    last=watch or step == cfg.steps - 1 or step_error is not None)
