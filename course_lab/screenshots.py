@@ -8,8 +8,8 @@ notebooks, opens each lesson in headless Chromium (Debian's ``chromium``; the ``
 package drives it, never a browser download), runs it top to bottom (Run -> Run All Cells) and
 saves into OUTDIR: the first prediction box and its hidden measurement as Run All leaves them,
 then (every prediction locked in with a guess) each figure (``lessonN-figure-K.png``), the quiz
-(``lessonN-quiz.png``), the first launch log (folded) and a revealed line, and one line per lesson in
-``OUTDIR/summary.txt``: how long Run All took and whether any cell ended in an error.
+(``lessonN-quiz.png``), the first launch log (folded) and a revealed line, and one line per
+lesson in ``OUTDIR/summary.txt``: how long Run All took and whether any cell ended in an error.
 The notebooks' launches run for real (30-60 s a lesson on 2 CPU cores).
 """
 

@@ -75,7 +75,8 @@ def prose_numbers(markdown: str) -> list[str]:
 
 def output_text(nb) -> str:
     """Everything the executed notebook printed or displayed, thousands separators removed."""
-    outputs = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", [])]
+    outputs = [out for cell in nb.cells if cell.cell_type == "code"
+               for out in cell.get("outputs", [])]
     # ... and what an Output widget holds: a table that waits for a prediction
     # (course_lab.predict.until_locked) is in the notebook's widget state, not in a cell.
     state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
