@@ -253,10 +253,11 @@ class LaunchProgress:
     """A launch as it runs, in JupyterLab: which launch, ranks up, step k of n from rank 0's
     metric lines (a bar), runs finished, elapsed time, the last line of the log."""
 
-    def __init__(self, lesson: int, args: list[str], nproc):
+    def __init__(self, lesson: int, args: list[str], nproc, command: list[str] | None = None):
         from IPython.display import HTML, display
         self.lesson, self.nproc = lesson, nproc
         self.args = args
+        self.command = command  # the words to show, for a launch that is not launch/lessonN.sh
         self.started = time.monotonic()
         self.lines = 0
         self.ranks = None
@@ -289,8 +290,9 @@ class LaunchProgress:
 
     def html(self) -> str:
         elapsed = time.monotonic() - self.started
-        command = short_command(LessonRun(["bash", f"launch/lesson{self.lesson}.sh", *self.args],
-                                          0, "", "", None, None if self.nproc is None else str(self.nproc)))
+        words = self.command or ["bash", f"launch/lesson{self.lesson}.sh", *self.args]
+        command = short_command(LessonRun(words, 0, "", "", None,
+                                          None if self.nproc is None else str(self.nproc)))
         if self.ranks is None:
             state = f"starting {self.nproc or ''} ranks (torchrun, then torch in each process)"
         else:

@@ -18,7 +18,9 @@ a notebook top to bottom with no one typing, that every prediction was measured
 
 from __future__ import annotations
 
+import contextlib
 import html
+import io
 import math
 import os
 import re
@@ -123,6 +125,7 @@ class Prediction:
         self.measured_what = what
         self._reveals = []   # the HTML lines the measurement cells show (widget mode)
         self._input = self._button = self._status = None
+        self._hidden = []    # Output widgets of until_locked blocks that wait on this guess
         _ALL.append(self)
 
     @property
@@ -207,6 +210,8 @@ class Prediction:
         for control in (self._input, self._button):
             if control is not None:
                 control.disabled = self.locked
+        for block in self._hidden:
+            block.refresh()
 
 
 def predict(what: str, unit: str = "", choices=None) -> Prediction:
@@ -220,6 +225,78 @@ def predict(what: str, unit: str = "", choices=None) -> Prediction:
         print(f"Predict: {what}" + (f" ({unit})" if unit else "")
               + (f"; one of {', '.join(map(str, choices))}" if choices else ""))
     return prediction
+
+
+class _HiddenBlock:
+    """What an ``until_locked`` block printed and displayed, in order, in an Output widget shown
+    once every one of its predictions is locked in; a grey line says what waits until then."""
+
+    def __init__(self, predictions, outputs: list[dict]):
+        import ipywidgets as w
+        self.predictions = predictions
+        self.output = w.Output()
+        self.output.add_class("course-hidden-until-locked")
+        self.output.outputs = tuple(outputs)
+        self.note = w.HTML()
+        self.box = w.VBox([self.note, self.output])
+        self.refresh()
+
+    def refresh(self) -> None:
+        done = all(p.locked for p in self.predictions)
+        self.output.layout.display = None if done else "none"
+        waiting = "; ".join(html.escape(p.what) for p in self.predictions if not p.locked)
+        self.note.value = "" if done else (
+            "<span style='color:#6b7280'>&#128274; more of this cell's output is hidden until you "
+            f"lock in: <i>{waiting}</i></span>")
+
+
+class _Collect(io.TextIOBase):
+    """stdout and displays of a block, in the order they came, as notebook outputs."""
+
+    def __init__(self):
+        self.outputs: list[dict] = []
+
+    def write(self, text: str) -> int:
+        if self.outputs and self.outputs[-1]["output_type"] == "stream":
+            self.outputs[-1]["text"] += text
+        else:
+            self.outputs.append({"output_type": "stream", "name": "stdout", "text": text})
+        return len(text)
+
+    def publish(self, data, metadata=None, **_):
+        self.outputs.append({"output_type": "display_data", "data": data,
+                             "metadata": metadata or {}})
+
+
+@contextlib.contextmanager
+def until_locked(*predictions):
+    """Show what the block prints and displays (a table, a figure) only once every prediction
+    given is locked in, so Run All answers no question before it is asked. Outside JupyterLab,
+    or with no prediction, the block prints as usual."""
+    waiting = [p for p in predictions if isinstance(p, Prediction)]
+    if not waiting or not _widgets_on():
+        yield
+        return
+    from IPython import get_ipython
+    from IPython.core.displaypub import CapturingDisplayPublisher
+    from IPython.display import display
+    shell = get_ipython()
+    collect = _Collect()
+    publisher = CapturingDisplayPublisher()
+    publisher.publish = collect.publish
+    saved = shell.display_pub if shell is not None else None
+    if shell is not None:
+        shell.display_pub = publisher
+    try:
+        with contextlib.redirect_stdout(collect):
+            yield
+    finally:
+        if shell is not None:
+            shell.display_pub = saved
+        block = _HiddenBlock(waiting, collect.outputs)
+        for prediction in waiting:
+            prediction._hidden.append(block)
+        display(block.box)
 
 
 def reveal_all(require_measured: bool = True) -> list[str]:

@@ -6,9 +6,10 @@
 Starts JupyterLab with ``bash launch/lab.sh`` (loopback, a random token) on a temporary copy of the
 notebooks, opens each lesson in headless Chromium (Debian's ``chromium``; the ``playwright``
 package drives it, never a browser download), runs it top to bottom (Run -> Run All Cells) and
-saves into OUTDIR: each figure (``lessonN-figure-K.png``), the quiz (``lessonN-quiz.png``), the
-first prediction box and the first launch log (folded), and one line per lesson in
-``OUTDIR/summary.txt``: how long Run All took and whether any cell ended in an error.
+saves into OUTDIR: the first prediction box and its hidden measurement as Run All leaves them,
+then (every prediction locked in with a guess) each figure (``lessonN-figure-K.png``), the quiz
+(``lessonN-quiz.png``), the first launch log (folded) and a revealed line, and one line per
+lesson in ``OUTDIR/summary.txt``: how long Run All took and whether any cell ended in an error.
 The notebooks' launches run for real (30-60 s a lesson on 2 CPU cores).
 """
 
@@ -186,21 +187,49 @@ def run_all_and_wait(page, timeout_ms: int = 600_000) -> dict:
             "errors": text.count(ERROR_MARK)}
 
 
+def lock_in_all(page) -> int:
+    """Give every prediction a guess (1, or its first choice) and lock it in, as a learner going
+    through the lesson would: the tables and figures that wait for a guess then show."""
+    boxes = page.locator(".course-prediction").all()
+    for box in boxes:
+        button = box.locator("button", has_text="Lock in and reveal")
+        if button.is_disabled():
+            continue
+        box.scroll_into_view_if_needed()
+        typed = box.locator("input[type=text]")
+        if typed.count():
+            typed.first.fill("1")
+        else:
+            box.locator(".widget-toggle-button").first.click()
+        button.click()
+    page.wait_for_timeout(500)  # the kernel's replies redraw the revealed outputs
+    return len(boxes)
+
+
 def shoot(page, outdir: Path, stem: str) -> list[Path]:
-    """Each figure, the quiz, the first prediction and launch log of the open notebook."""
+    """The first prediction box and its hidden measurement as Run All leaves them; then, with
+    every prediction locked in, each figure, the quiz, the first launch log and a revealed line."""
     saved = []
-    targets = [(f"{stem}-figure-{i + 1}", el) for i, el in
-               enumerate(page.locator(".jp-OutputArea-output img").all())]
-    for name, selector in (("quiz", ".quiz-root"), ("prediction", ".course-prediction"),
-                           ("launch", ".course-launch-log"), ("reveal", ".course-reveal")):
-        found = page.locator(selector).all()
-        if found:
-            targets.append((f"{stem}-{name}", found[0]))
-    for name, element in targets:
+
+    def save(name, element):
         element.scroll_into_view_if_needed()
         path = outdir / f"{name}.png"
         element.screenshot(path=str(path))
         saved.append(path)
+
+    for name, selector in (("prediction", ".course-prediction"), ("hidden", ".course-reveal")):
+        found = page.locator(selector).all()
+        if found:
+            save(f"{stem}-{name}", found[0])
+    lock_in_all(page)
+    figures = [el for el in page.locator(".jp-OutputArea-output img").all() if el.is_visible()]
+    for i, element in enumerate(figures):
+        save(f"{stem}-figure-{i + 1}", element)
+    for name, selector in (("quiz", ".quiz-root"), ("launch", ".course-launch-log"),
+                           ("reveal", ".course-reveal")):
+        found = page.locator(selector).all()
+        if found:
+            save(f"{stem}-{name}", found[0])
     return saved
 
 

@@ -1,6 +1,6 @@
-"""Lessons 6 to 8 in a real browser, as a learner meets them: Run All ends without an error output,
-a prediction box keeps its measurement hidden until a guess is locked in, and a launch cell shows
-its progress while the ranks run.
+"""Lessons 6 to 9 in a real browser, as a learner meets them: Run All ends without an error output,
+a prediction box keeps its measurement (and the table that holds it) hidden until a guess is
+locked in, and a launch cell shows its progress while the ranks run.
 
 JupyterLab as ``python -m course_lab.screenshots`` starts it (lab.sh serving a copy of the
 notebooks, every cell rendered so a whole notebook can be read), in headless Debian Chromium driven
@@ -26,7 +26,8 @@ from course_lab.screenshots import (
 
 LESSONS = {6: "lessons/06_silent_bugs/06_silent_bugs.ipynb",
            7: "lessons/07_memory/07_memory.ipynb",
-           8: "lessons/08_troubleshooting/08_troubleshooting.ipynb"}
+           8: "lessons/08_troubleshooting/08_troubleshooting.ipynb",
+           9: "lessons/09_your_model/09_your_model.ipynb"}
 PROGRESS_NB = "lessons/00_torchrun_ddp/launch_progress_check.ipynb"
 
 
@@ -40,7 +41,7 @@ def server(browser, tmp_path_factory):  # noqa: F811 - the imported fixture
 
 @pytest.fixture(scope="module")
 def ran(browser, server):  # noqa: F811
-    """Each of lessons 6-8 opened in its own page and run with Run -> Run All Cells once."""
+    """Each of lessons 6-9 opened in its own page and run with Run -> Run All Cells once."""
     results = {}
 
     def run(lesson: int):
@@ -88,6 +89,26 @@ def test_a_prediction_stays_hidden_after_run_all_until_a_guess(ran):
     expect(reveal).to_contain_text("gap")
     expect(box).to_contain_text("you predicted 0.5")  # the guess cell shows it too
     expect(box.locator("input[type=text]")).to_be_disabled()
+
+
+@pytest.mark.slow
+def test_a_yes_no_prediction_hides_its_table_until_locked_in(ran):
+    """Lesson 9's "are the fp32 logits equal?": after Run All the table that answers it is hidden;
+    choosing an answer and locking it in shows the table and the comparison."""
+    from playwright.sync_api import expect
+
+    page, _ = ran(9)
+    answer = page.locator("th", has_text="from_pretrained dtype")
+    expect(answer).to_have_count(1)
+    expect(answer).to_be_hidden()
+    box = page.locator(".course-prediction", has_text="logits equal")
+    box.scroll_into_view_if_needed()
+    box.locator("button", has_text="False").click()
+    box.locator("button", has_text="Lock in and reveal").click()
+    expect(box).to_contain_text("you predicted False")
+    expect(answer).to_be_visible()
+    reveal = page.locator(".course-reveal", has_text="fp32 logits equal")
+    expect(reveal).to_contain_text(re.compile(r"you predicted False; .*: (right|not this time)"))
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ import sys
 
 from course_lab import notebook
 from course_lab.notebook import LaunchProgress, LessonRun, run_command, short_command
+from helpers import lesson_script
 
 
 class Handle:
@@ -66,3 +67,31 @@ def test_the_fold_replaces_the_progress_and_keeps_the_full_command(monkeypatch):
     summary = fold[fold.index("<summary>"):fold.index("</summary>")]
     assert "&lt;11 variants&gt;" in summary and "3 s" in summary and "\n" not in summary
     assert "a=1;b=2;c=3" in fold[fold.index("</summary>"):]  # the full command, with the log
+
+
+def test_lesson8_background_jobs_get_the_same_progress_and_fold(monkeypatch):
+    """Lesson 8's background jobs (not run_lesson) draw the same live progress while they run, then fold."""
+    import os
+    from pathlib import Path
+
+    jobs = lesson_script(8, "jobs")
+
+    handles = []
+
+    def display(*a, **k):
+        handles.append(Handle())
+        return handles[-1]
+
+    monkeypatch.setattr("IPython.display.display", display)
+    monkeypatch.setattr(jobs, "_in_notebook", lambda: True)
+    monkeypatch.setattr(notebook, "_in_notebook", lambda: True)
+    script = ("import time\nprint('lesson 8 | 2 ranks | gloo on cpu | steps=2', flush=True)\n"
+              "time.sleep(1.5)\nprint(' step |    loss |', flush=True)\n"
+              "print('    1 |  2.0000 |      1.0 |          1.00 |     1.000', flush=True)\n"
+              "time.sleep(1.5)")
+    job = jobs.Job([sys.executable, "-c", script], dict(os.environ), shown={"NPROC": 2})
+    assert job.wait(timeout=30) == 0
+    shown = handles[0].shown
+    assert any("2 ranks up" in s and "NPROC=2" in s for s in shown[:-1])  # live, while it ran
+    assert "course-launch-log" in shown[-1] and "exit 0" in shown[-1]     # then the fold
+    assert "step 2 of 2" in "".join(shown[:-1])

@@ -379,6 +379,9 @@ def test_peak_theory():
     assert theory.wrapping.gathered_peaks([3, 5], 2) == {"forward": 4 * (4 + 6), "backward": 40, "step": 40}
     assert theory.wrapping.collective_calls([10, 4, 4, 4], 2) == {"all_gather": 7, "reduce_scatter": 4}
     assert theory.wrapping.collective_calls([0, 4, 4], 2) == {"all_gather": 4, "reduce_scatter": 2}
+    # one rank: classic FSDP runs NO_SHARD (torch's _init_utils.py), one all-reduce per unit
+    assert theory.wrapping.collective_calls([10, 4, 4, 4], 1) == {"all_reduce": 4}
+    assert theory.collective_bytes([10, 4, 4, 4], 1, "FULL_SHARD") == {"all_reduce": 4 * 22}
 
 
 def test_instruments_watch_step_1_and_ms_per_step_times_the_others(n2, n3):

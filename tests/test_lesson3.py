@@ -83,6 +83,7 @@ def test_theory_matches_the_quiz_numbers():
     assert extra == 3.5e9
     assert theory.accumulation.fsdp1_padded_numel([5, 8], 4) == 8 + 8
     assert theory.accumulation.reduce_bytes_per_step(100, accum=4, no_sync=False) == 1600
+    assert theory.accumulation.reduce_bytes_per_step(100, accum=4, no_sync=False, world_size=1) == 0
 
 
 def _all_no_sync(model, micro_batches, loss_fn):

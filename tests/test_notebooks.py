@@ -75,15 +75,20 @@ def prose_numbers(markdown: str) -> list[str]:
 
 def output_text(nb) -> str:
     """Everything the executed notebook printed or displayed, thousands separators removed."""
+    outputs = [out for cell in nb.cells if cell.cell_type == "code"
+               for out in cell.get("outputs", [])]
+    # ... and what an Output widget holds: a table that waits for a prediction
+    # (course_lab.predict.until_locked) is in the notebook's widget state, not in a cell.
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+    for model in state.get("state", {}).values():
+        if model.get("model_name") == "OutputModel":
+            outputs.extend(model.get("state", {}).get("outputs", []))
     parts = []
-    for cell in nb.cells:
-        if cell.cell_type != "code":
-            continue
-        for out in cell.get("outputs", []):
-            parts.append(out.get("text", ""))
-            parts.append(out.get("evalue", ""))
-            for kind in ("text/plain", "text/html", "text/markdown"):
-                parts.append(out.get("data", {}).get(kind, ""))
+    for out in outputs:
+        parts.append(out.get("text", ""))
+        parts.append(out.get("evalue", ""))
+        for kind in ("text/plain", "text/html", "text/markdown"):
+            parts.append(out.get("data", {}).get(kind, ""))
     return re.sub(r"(?<=\d),(?=\d{3})", "", "".join(str(p) for p in parts))
 
 

@@ -79,3 +79,24 @@ def test_outside_jupyterlab_the_line_is_printed(monkeypatch, capsys):
 ])
 def test_gap_line(guess, measured, expected):
     assert expected in pr.gap_line(guess, measured)
+
+
+def test_a_table_in_the_measuring_cell_waits_for_the_guess(widget_mode, capsys):
+    first, second = pr.predict("a"), pr.predict("b", choices=["yes", "no"])
+    with pr.until_locked(first, second):
+        print("the table: 42")
+    block = widget_mode[-1]
+    note, output = block.children
+    assert capsys.readouterr().out == ""  # nothing answered under Run All
+    assert output.layout.display == "none" and "a; b" in note.value
+    assert output.outputs[0]["text"] == "the table: 42\n"
+    first.give("40")
+    assert output.layout.display == "none" and "<i>b</i>" in note.value
+    second.give("no")
+    assert output.layout.display is None and note.value == ""
+
+
+def test_outside_jupyterlab_the_table_prints_at_once(capsys):
+    with pr.until_locked(pr.predict("c")):
+        print("the table: 42")
+    assert "the table: 42" in capsys.readouterr().out

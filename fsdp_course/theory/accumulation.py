@@ -45,8 +45,18 @@ def fsdp2_padded_numel(model: nn.Module, world_size: int) -> int:
     return total
 
 
-def reduce_bytes_per_step(padded_numel: int, accum: int, no_sync: bool, grad_bytes: int = 4) -> int:
-    """Reduce-scatter payload per optimizer step: ``grad_bytes * P_pad * (1 if no_sync else K)``."""
+def reduce_bytes_per_step(
+    padded_numel: int, accum: int, no_sync: bool, grad_bytes: int = 4, world_size: int = 2
+) -> int:
+    """Reduce-scatter payload per optimizer step: ``grad_bytes * P_pad * (1 if no_sync else K)``.
+
+    On one rank there is no reduce-scatter: classic FSDP runs as NO_SHARD there
+    (torch/distributed/fsdp/_init_utils.py) and all-reduces the same bytes instead, and FSDP2
+    copies the gradient into its shard (``foreach_reduce`` in
+    torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py: ``if world_size > 1``) -> 0.
+    """
+    if world_size == 1:
+        return 0
     return grad_bytes * padded_numel * (1 if no_sync else accum)
 
 

@@ -113,9 +113,13 @@ def collective_bytes(
 
     all_gather moves ``param_bytes`` per element (2 with bf16 mixed precision),
     reduce_scatter / all_reduce ``reduce_bytes``.
+
+    One rank: classic FSDP runs every strategy as NO_SHARD (torch/distributed/fsdp/
+    _init_utils.py: "FSDP is switching to use `NO_SHARD` ... since the world size is 1"), so
+    nothing is gathered and each gradient is all-reduced over the one rank -> P.
     """
     if world_size == 1:
-        return {}
+        strategy = "NO_SHARD"
     shards = shard_group_size(strategy, world_size, replicas)
     padded_numels = [padded(n, shards) for n in unit_numels]
     if strategy == "NO_SHARD":

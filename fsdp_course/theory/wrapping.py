@@ -77,11 +77,13 @@ def collective_calls(unit_numels: list[int], world_size: int) -> dict:
                          was never freed)
         reduce_scatter = units (one per flat gradient)
 
-    More, smaller units mean more, smaller collectives: each call has a fixed latency.
+    More, smaller units mean more, smaller collectives: each call has a fixed latency. On one
+    rank classic FSDP runs NO_SHARD (``theory.sharding.collective_bytes``): no all-gather, one
+    all_reduce per unit.
     """
-    if world_size == 1:
-        return {}
     root, *others = unit_numels
     with_params = [n for n in others if n > 0]
     units = len(with_params) + (root > 0)
+    if world_size == 1:
+        return {"all_reduce": units}
     return {"all_gather": units + len(with_params), "reduce_scatter": units}

@@ -186,7 +186,8 @@ def train(cfg: Config, api: str, sizes: tuple, no_sync: bool, bug: str, env, dat
         "ranks": per_rank, "grads_equal": all(r["equal"] for r in per_rank),
         "collectives": collectives,
         "reduce_bytes": collectives.get("reduce_scatter", {}).get("bytes", 0),
-        "reduce_bytes_theory": theory.accumulation.reduce_bytes_per_step(padded, accum, no_sync),
+        "reduce_bytes_theory": theory.accumulation.reduce_bytes_per_step(padded, accum, no_sync,
+                                                                         world_size=env.world_size),
         "gather_bytes": collectives.get("all_gather", {}).get("bytes", 0),
         **{f"held_between_{kind}": max(r["held_between"][kind] for r in per_rank)
            for kind in held_between},

@@ -20,7 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
-from course_lab.notebook import REPO, lesson_env
+from course_lab.notebook import REPO, LaunchProgress, LessonRun, _in_notebook, lesson_env, show_log
 
 LESSON_DIR = Path(__file__).resolve().parent
 SCRIPT = LESSON_DIR / "train.py"
@@ -38,19 +38,35 @@ class Job:
         words = [f"{k}={v}" for k, v in (shown or {}).items()]
         words += [str(Path(c).relative_to(REPO)) if str(c).startswith(str(REPO) + "/") else str(c)
                   for c in command]
-        print("+ " + " ".join(words), flush=True)
+        self.words = words
+        # In JupyterLab the same live progress and folded log as run_lesson's launches (under
+        # the cell that started the job, also when it runs in the background); a line elsewhere.
+        self.progress = (LaunchProgress(8, [], None, command=words)
+                         if _in_notebook() and not echo else None)
+        if self.progress is None:
+            print("+ " + " ".join(words), flush=True)
+        self.folded = False
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env=env, cwd=REPO, bufsize=1, start_new_session=True)
         if getattr(_STARTING, "event", None) is not None:  # started by background(): it may go on
             _STARTING.event.set()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+        if self.progress is not None:  # the elapsed time moves while a hung job prints nothing
+            threading.Thread(target=self._tick, daemon=True).start()
 
     def _read(self):
         for line in self.proc.stdout:
             self.lines.append((time.monotonic() - self.start, line.rstrip("\n")))
+            if self.progress is not None:
+                self.progress.feed(line)
             if self.echo:
                 print(line, end="", flush=True)
+
+    def _tick(self):
+        while self.proc.poll() is None and not self.folded:
+            self.progress.draw()
+            time.sleep(1)
 
     def wait(self, timeout: float) -> int:
         try:
@@ -59,6 +75,10 @@ class Job:
             self.kill()
             self.proc.wait()
         self._reader.join(timeout=5)
+        if self.progress is not None and not self.folded:
+            self.folded = True
+            show_log(LessonRun(self.words, self.proc.returncode, self.output + "\n", "", None,
+                               seconds=round(time.monotonic() - self.start, 1)), self.progress)
         return self.proc.returncode
 
     def kill(self):
