@@ -176,6 +176,27 @@ def carries_verb(clause: str) -> bool:
 _LIST_SEP = re.compile(r"\s*(?:[,，、/;；|+]|(?<![a-z])and(?![a-z])|和)\s*")
 
 
+# words that make a run of Chinese a phrase rather than a term: particles, copula, auxiliaries
+# (read per jieba word: 会 is an auxiliary, 会合 "rendezvous" a term)
+_ZH_FUNCTION_WORDS = set("的了是在会就都也要把被让将得着过所能")
+
+
+def _zh_phrase(text: str) -> bool:
+    return any(w in _ZH_FUNCTION_WORDS for w, _, _ in zh_words(text))
+
+
+def _spaced_terms(text: str) -> bool:
+    """Five or more space-separated tokens, each one identifier or flag ('LOCAL_RANK', '--nnodes')
+    or a Chinese term of at most four characters with no particle or auxiliary in it, two of them
+    Chinese: 'RANK LOCAL_RANK WORLD_SIZE 会合 MASTER_ADDR 重启'. A sentence written with spaces
+    around its English terms has longer Chinese runs ('每个 rank 只有自己的 shard')."""
+    tokens = text.split()
+    zh = [t for t in tokens if _CJK_CHAR.search(t)]
+    return len(tokens) >= 5 and len(zh) >= 2 and all(
+        re.fullmatch(r"[a-z0-9_\-.']+", t) or (re.fullmatch(f"[{CJK}]{{1,4}}", t) and not _zh_phrase(t))
+        for t in tokens)
+
+
 def keyword_list(sentence: str) -> bool:
     """Three or more items of at most two words (or four Chinese characters) each, separated by
     commas, 、, slashes or spaced Chinese words, with no auxiliary and no item that is a verb
@@ -185,15 +206,15 @@ def keyword_list(sentence: str) -> bool:
     if _AUX_EN.search(normalise(text)):
         return False
     items = [i for i in _LIST_SEP.split(text) if i.strip()]
-    if len(items) < 3 and _ZH_KEYWORD_RUN.search(text):
-        items = text.split()  # '环境变量 rank 会合 重启'
+    if len(items) < 3 and (_ZH_KEYWORD_RUN.search(text) or _spaced_terms(text)):
+        items = text.split()  # '环境变量 rank 会合 重启', '环境变量 RANK LOCAL_RANK 会合 MASTER_ADDR 重启'
 
     def keyword(item):
         ascii_words = re.findall(r"[a-z0-9][a-z0-9_\-.']*", item)
         plain = re.findall(r"[a-z][a-z']*", normalise(item))
         zh = [w for w, _, _ in zh_words(item) if _CJK_CHAR.search(w)]
         short = len(ascii_words) + len(zh) <= 2 or (len(ascii_words) <= 1 and len(_CJK_CHAR.findall(item)) <= 4) \
-            or (not ascii_words and len(zh) <= 3 and len(_CJK_CHAR.findall(item)) <= 5)
+            or (not ascii_words and len(zh) <= 3 and len(_CJK_CHAR.findall(item)) <= 6 and not _zh_phrase(item))
         # a one-word item is a term ('restarts'); two words with a verb form are a statement ('frees params')
         verb = len(ascii_words) > 1 and not item.strip().startswith("-") and any(
             _is_verb_form(plain, i) for i in range(len(plain)))
