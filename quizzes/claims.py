@@ -88,6 +88,8 @@ class Clause:
     text: str             # as the learner wrote it (what feedback quotes)
     after_comma: bool     # split from the previous clause of its sentence by a comma only
     aside: bool = False   # inside brackets: a side remark, which takes no subject from before it
+    resumes: int | None = None  # right after a bracket closes: the index (in the answer) of the
+    # clause before the bracket opened, whose statement it continues ("most traffic (AG, RS) stays ...")
 
 
 def _calls_as_words(text: str) -> str:
@@ -112,15 +114,23 @@ def clauses(text: str) -> list:
     out = []
     for s, sentence in enumerate(sentences(text)):
         parts = _CLAUSE_SPLIT.split(sentence)
-        sep, depth = None, 0
+        sep, depth, opened_after, closed = None, 0, None, None
         for i in range(0, len(parts), 2):
             piece = parts[i].strip()
             norm = normalise(piece)
             if norm:
-                out.append(Clause(s, norm, piece, bool(sep and re.fullmatch(_COMMA, sep.strip())), depth > 0))
+                out.append(Clause(s, norm, piece, bool(sep and re.fullmatch(_COMMA, sep.strip())), depth > 0,
+                                  closed if depth == 0 else None))
+                closed = None
             sep = parts[i + 1] if i + 1 < len(parts) else None
             if sep:
+                before = depth
                 depth = max(0, depth + sep.count("(") + sep.count("（") - sep.count(")") - sep.count("）"))
+                if before == 0 and depth > 0:
+                    # the clause the bracket interrupts (none when the sentence opens with it)
+                    opened_after = len(out) - 1 if out and out[-1].sentence == s else None
+                elif before > 0 and depth == 0:
+                    closed = opened_after
     return out
 
 
@@ -135,6 +145,11 @@ def word_count(text: str) -> int:
     return len(re.findall(r"[a-z0-9']+", norm)) + len(_CJK_CHAR.findall(norm))
 
 
+def _plural_noun(word: str) -> bool:
+    nouns = en_lemmas(word).get("NOUN", ()) if word else ()
+    return word.endswith("s") and bool(nouns) and word not in nouns
+
+
 def _is_verb_form(words: list, i: int) -> bool:
     """Is words[i] an inflected verb? lemminflect's tables tell a plural ('shards': a noun only)
     from a verb form ('frees', 'kept'); a form that can be either ('keeps', 'gathers') is the verb
@@ -143,10 +158,14 @@ def _is_verb_form(words: list, i: int) -> bool:
     nxt = words[i + 1] if i + 1 < len(words) else ""
     lemmas = en_lemmas(w)
     verb = lemmas.get("VERB", ())
-    if verb and w not in verb:  # an inflected form of a verb
-        return "NOUN" not in lemmas and "ADJ" not in lemmas or nxt in _OBJECT_START
     prev = words[i - 1] if i else ""
-    if verb and i and prev.endswith("s") and "NOUN" in en_lemmas(prev) and prev not in en_lemmas(prev)["NOUN"]:
+    if verb and w not in verb:  # an inflected form of a verb
+        if "NOUN" not in lemmas and "ADJ" not in lemmas or nxt in _OBJECT_START:
+            return True
+        # a plural noun is not followed by another plural in a noun phrase ('gradient shards'):
+        # after one, an -s form is the verb ('the all-reduce of gradient shards crosses nodes')
+        return w.endswith("s") and _plural_noun(prev) and bool(nxt)
+    if verb and i and _plural_noun(prev):
         # a base form after a plural noun: 'the all-gathers happen inside', 'gradients stay sharded'
         return "NOUN" not in lemmas or nxt in _OBJECT_START
     if not lemmas:  # a word lemminflect does not know: a course verb with an ending ('resharded')
@@ -214,11 +233,11 @@ def keyword_list(sentence: str) -> bool:
         plain = re.findall(r"[a-z][a-z']*", normalise(item))
         zh = [w for w, _, _ in zh_words(item) if _CJK_CHAR.search(w)]
         short = len(ascii_words) + len(zh) <= 2 or (len(ascii_words) <= 1 and len(_CJK_CHAR.findall(item)) <= 4) \
-            or (not ascii_words and len(zh) <= 3 and len(_CJK_CHAR.findall(item)) <= 6 and not _zh_phrase(item))
+            or (not ascii_words and len(zh) <= 3 and len(_CJK_CHAR.findall(item)) <= 6)
         # a one-word item is a term ('restarts'); two words with a verb form are a statement ('frees params')
         verb = len(ascii_words) > 1 and not item.strip().startswith("-") and any(
             _is_verb_form(plain, i) for i in range(len(plain)))
-        return short and not verb
+        return short and not verb and not _zh_phrase(item)
 
     return len(items) >= 3 and all(keyword(i) for i in items)
 
@@ -633,6 +652,14 @@ def read_answer(text: str, secret: dict) -> Reading:
             events = [e for e in events if e[0] != "wrong"]
             accounted = bool(events)
             apply(events, f"{prev.text}, {c.text}")
+        elif not accounted and c.resumes is not None:
+            # the statement a bracket interrupted ("most of the traffic (all-gathers, reduce-scatters)
+            # stays inside the node"): read its two halves together, misconceptions aside as above
+            before = all_clauses[c.resumes]
+            events, _ = _read_clause(f"{before.norm} {c.norm}", secret, subjects, owners, clause_inherited, reading.trace)
+            events = [e for e in events if e[0] != "wrong"]
+            accounted = bool(events)
+            apply(events, f"{before.text} … {c.text}")
         elif c.sentence in otherwise:  # a misconception entry is false whatever the sentence is about
             apply([e for e in events if e[0] != "wrong" or e[1][1] == -1], c.text)
         else:

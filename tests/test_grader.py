@@ -354,7 +354,75 @@ def test_language_libraries_load_lazily_and_quietly():
     import subprocess
     import sys
     code = ("import sys, quizzes; assert not {'torch', 'jieba', 'lemminflect'} & set(sys.modules), sys.modules.keys(); "
-            "r = quizzes.grade('lesson1', 'q_full_vs_shard_grad_op', 'FULL_SHARD 在前向之后释放参数，SHARD_GRAD_OP 保留到反向。', 'zh'); "
+            "r = quizzes.grade('lesson1', 'q_full_vs_shard_grad_op', 'FULL_SHARD 在前向之后释放参数，SHARD_GRAD_OP 保留到反向，所以显存更多。', 'zh'); "
             "assert 'jieba' in sys.modules and r.verdict == 'correct', r.details")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
+# --- round 2: mechanisms that generalise (each with answers written for this test) --------------
+
+@pytest.mark.parametrize("text,is_list", [
+    ("进程组 RANK WORLD_SIZE 会合 MASTER_PORT 重启 --nnodes", True),  # spaced terms, Chinese and English
+    ("分片、重新分片、预取、峰值显存、前向反向重叠", True),  # 、-list, one term of six characters
+    ("all-gather、reshard、显存峰值、通信计算重叠、粒度", True),  # mixed-language 、-list
+    ("每个 rank 只有自己的 shard 和优化器状态", False),  # spaces around English terms: a sentence
+    ("参数、梯度和优化器状态都分片到各个 rank 上", False),  # a list inside a statement
+    ("FULL_SHARD 前向之后 会 释放 参数", False),  # an auxiliary makes it a statement
+])
+def test_keyword_lists_in_chinese_and_mixed(text, is_list):
+    assert claims.keyword_list(text) is is_list
+
+
+def test_an_s_form_after_a_plural_noun_is_the_verb():
+    assert claims.carries_verb(claims.normalise("only the all-reduce of gradient shards crosses nodes"))
+    assert not claims.carries_verb(claims.normalise("gradient shards, parameter shards, optimizer states"))
+
+
+def test_a_statement_interrupted_by_brackets_is_read_whole():
+    r = quizzes.grade("lesson8", "q_hsdp_why",
+                      "The bulk of the traffic (parameter all-gathers and gradient reduce-scatters) remains inside "
+                      "each node, and only a small all-reduce of gradient shards goes between the nodes.")
+    assert r.verdict == "correct", r.feedback
+
+
+@pytest.mark.parametrize("lesson,qid,answer", [
+    # the comparison the other way round, in both languages
+    ("lesson8", "q_hsdp_why", "The shard group stays inside each node for the all-gathers and reduce-scatters, and only "
+                              "an all-reduce of gradient shards crosses nodes, because the inter-node network is faster "
+                              "than NVLink."),
+    ("lesson8", "q_hsdp_why", "all-gather 和 reduce-scatter 留在节点内，跨节点的只有梯度分片的 all-reduce，因为节点之间的链路比节点内快。"),
+    # a right answer, then a false figure
+    ("lesson7", "q_ac_when_and_cost", "It pays when activations dominate memory, with long sequences; backward recomputes "
+                                      "each block's forward. That doubles the training time."),
+    ("lesson7", "q_ac_when_and_cost", "序列长、激活占大头的时候划算；代价是反向重算前向，计算量差不多翻倍。"),
+    # the condition swapped: it pays when the model state dominates
+    ("lesson7", "q_ac_when_and_cost", "参数和优化器状态占显存大头的时候最划算，代价是反向重新计算前向。"),
+    # only rank 0 may call it / DCP gathers to rank 0
+    ("lesson4", "q_why_not_torch_save", "每个 rank 只有自己的参数分片；完整的 state dict 要 all-gather，只能在 rank 0 上调用，"
+                                        "而且一个 rank 放不下整个模型，换 world size 要用 DCP。"),
+    ("lesson4", "q_why_not_torch_save", "Each rank holds only its shard, so a full state dict needs an all-gather that every "
+                                        "rank joins and may not fit in one rank's memory. DCP also gathers the whole model "
+                                        "to rank 0 first and writes a single file."),
+    # per-block wrapping does not move fewer bytes
+    ("lesson2", "q_why_wrap_per_block", "Each block is gathered, used and freed in turn, so the peak is about one block, "
+                                        "and wrapping per block halves the bytes sent per step."),
+])
+def test_a_false_statement_beside_right_ones_makes_it_wrong(lesson, qid, answer):
+    r = quizzes.grade(lesson, qid, answer, "zh" if claims.CJK_RE.search(answer) else "en")
+    assert r.verdict == "wrong" and r.details["false"], r.feedback
+
+
+@pytest.mark.parametrize("lesson,qid,answer", [
+    # half of the answer: the mechanism without its trade-off, the heavy traffic without what crosses
+    ("lesson1", "q_full_vs_shard_grad_op", "After forward FULL_SHARD reshards the parameters; SHARD_GRAD_OP holds on to them "
+                                           "until backward."),
+    ("lesson8", "q_hsdp_why", "Because the reduce-scatters and all-gathers of the shard group then happen inside one node."),
+    # a noun phrase is no condition: '自己那个小 batch' says nothing about when to sync
+    ("lesson6", "q_bn_sync", "每个 rank 拿自己那个小 batch 算均值和方差，和全局的不一样，所以输出和梯度都和单卡不同。"),
+    # loose words for the heavy traffic: 'the communication' is not the all-gathers
+    ("lesson8", "q_hsdp_why", "The network between nodes is slow, so we keep the communication inside the node."),
+])
+def test_each_key_idea_needs_its_own_evidence(lesson, qid, answer):
+    r = quizzes.grade(lesson, qid, answer, "zh" if claims.CJK_RE.search(answer) else "en")
+    assert r.verdict == "wrong" and r.details["reason"] == "partial" and r.details["missing"], r.feedback
