@@ -596,6 +596,32 @@ _COUNTERFACTUAL = re.compile(r"(?:if (?:you |we |one |)(?:do not|don't|dont|didn
 _BOTH = re.compile(r"(?<![a-z0-9])(?:both|neither|either of them|the two)(?![a-z0-9])|两者|二者|两种|两个策略|它们都")
 
 
+# a sentence that announces what the answer is about, not a fact: "the difference is ...",
+# "what differs is ...", "it's a memory-versus-communication choice", "区别在于 ...", "本质上是 ..."
+_FRAME = re.compile(r"^(?:the (?:main |key |real |whole |)(?:difference|point|question|idea|crux) (?:is|lies)|"
+                    r"what (?:differs|matters|changes) is|it s (?:all |)(?:about|a [a-z ]{0,30}(?:choice|trade ?off))|"
+                    r"it is (?:all |)(?:about|a [a-z ]{0,30}(?:choice|trade ?off))|think of|"
+                    r"(?:区别|差别|不同|关键|核心|重点)(?:就|)(?:在于|是)|(?:本质上|其实|说白了|简单说)(?:就|)是)")
+_ELLIPSIS = re.compile(r"^(?:(?:but |while |whereas |and |)(.+?) (?:does not|doesn t|do not|don t|does nothing of the sort|never does)"
+                       r"|(.+?)\s?(?:则|就|)(?:不会|不|没有|并不|不是这样))$")
+
+
+def _framing(sentence: str, subjects: dict) -> bool:
+    norm = normalise(sentence)
+    rest = _FRAME.match(norm)
+    return bool(rest) and not subject_mentions(norm, subjects) \
+        and word_count(norm[rest.end():]) <= 20
+
+
+def _ellipsis(clause: str, subjects: dict) -> bool:
+    m = _ELLIPSIS.match(clause)
+    if not m:
+        return False
+    named = subject_mentions(clause, subjects)
+    head = (m.group(1) or m.group(2) or "").strip()
+    return bool(named) and named[0].start <= 8 and word_count(head) <= 4
+
+
 def read_answer(text: str, secret: dict) -> Reading:
     subjects = {name: _phrasings(s) for name, s in secret.get("subjects", {}).items()}
     owners = {f["subject"] for c in secret["claims"] for f in c["forms"] if f.get("subject")}
@@ -642,6 +668,12 @@ def read_answer(text: str, secret: dict) -> Reading:
         # takes no subject from before it
         clause_inherited = None if c.aside or c.sentence in remedies or _BOTH.search(c.norm) else inherited
         events, accounted = _read_clause(c.norm, secret, subjects, owners, clause_inherited, reading.trace)
+        if not accounted and (_framing(sentence_text[c.sentence], subjects) or _ellipsis(c.norm, subjects)):
+            # "The difference is what happens after forward", "本质上是拿显存换通信": a frame for the
+            # statements around it; "..., SHARD_GRAD_OP does not": the statement before it, denied of
+            # the other subject. Read (it leaves nothing unchecked), credited with nothing.
+            reading.trace.append(f"[{c.norm}] a frame or an elliptic denial: read, credits nothing")
+            accounted = True
         prev = all_clauses[i - 1] if i else None
         if not accounted and prev is not None and prev.sentence == c.sentence and c.after_comma:
             # a statement split by a comma ("FULL_SHARD 在前向之后，会释放参数"): read the two together

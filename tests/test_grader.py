@@ -426,3 +426,17 @@ def test_a_false_statement_beside_right_ones_makes_it_wrong(lesson, qid, answer)
 def test_each_key_idea_needs_its_own_evidence(lesson, qid, answer):
     r = quizzes.grade(lesson, qid, answer, "zh" if claims.CJK_RE.search(answer) else "en")
     assert r.verdict == "wrong" and r.details["reason"] == "partial" and r.details["missing"], r.feedback
+
+
+@pytest.mark.parametrize("answer,verdict", [
+    # a frame announces what follows, an elliptic denial repeats the statement before it: both read
+    ("What differs is the fate of the gathered weights. FULL_SHARD drops them after forward and gathers them "
+     "again in backward; SHARD_GRAD_OP does not.", "correct"),
+    ("区别在于前向之后参数怎么处理。FULL_SHARD 前向后释放参数、反向再 all-gather 一次；SHARD_GRAD_OP 则不会。", "correct"),
+    # a frame that names a subject states something about it: not a frame
+    ("The key is that SHARD_GRAD_OP compresses its parameters. FULL_SHARD drops them after forward and gathers them "
+     "again in backward.", "unsure"),
+])
+def test_frames_and_elliptic_denials_are_read(answer, verdict):
+    r = quizzes.grade("lesson1", "q_full_vs_shard_grad_op", answer, "zh" if claims.CJK_RE.search(answer) else "en")
+    assert r.verdict == verdict, r.feedback
