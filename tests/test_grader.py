@@ -369,6 +369,8 @@ def test_language_libraries_load_lazily_and_quietly():
     ("每个 rank 只有自己的 shard 和优化器状态", False),  # spaces around English terms: a sentence
     ("参数、梯度和优化器状态都分片到各个 rank 上", False),  # a list inside a statement
     ("FULL_SHARD 前向之后 会 释放 参数", False),  # an auxiliary makes it a statement
+    ("RANK, LOCAL_RANK, WORLD_SIZE, MASTER_PORT, restarts, one worker per GPU", True),  # a noun phrase is a term
+    ("RANK, LOCAL_RANK, WORLD_SIZE, and torchrun restarts failed workers", False),
 ])
 def test_keyword_lists_in_chinese_and_mixed(text, is_list):
     assert claims.keyword_list(text) is is_list
@@ -440,3 +442,14 @@ def test_each_key_idea_needs_its_own_evidence(lesson, qid, answer):
 def test_frames_and_elliptic_denials_are_read(answer, verdict):
     r = quizzes.grade("lesson1", "q_full_vs_shard_grad_op", answer, "zh" if claims.CJK_RE.search(answer) else "en")
     assert r.verdict == verdict, r.feedback
+
+
+def test_a_statement_in_the_course_vocabulary_is_checked_whatever_the_question_topic():
+    """An added sentence about activations under a question about wrapping is still checked."""
+    r = quizzes.grade("lesson2", "q_why_wrap_per_block",
+                      "每个 block 算完就释放参数，所以峰值只有一两个 block，下一个 block 还能提前 all-gather。"
+                      "另外这样每个 rank 只需要存 1/N 的激活。", "zh")
+    assert r.verdict == "unsure" and "1/N" in r.details["unread"][0], r.feedback
+    assert quizzes.grade("lesson2", "q_why_wrap_per_block",
+                         "Each block is gathered, used and freed in turn, so the peak is about one block, and the next "
+                         "block is prefetched. I learned this yesterday.").verdict == "correct"
