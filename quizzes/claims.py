@@ -694,6 +694,11 @@ def read_answer(text: str, secret: dict) -> Reading:
             # what the two clauses state together is credited; a misconception is never built
             # out of two clauses (a '...' gap across the comma reads words that do not belong together)
             events = [e for e in events if e[0] != "wrong"]
+            # only what needs both halves reads this clause: a phrasing the clause before states on
+            # its own ("..., and MASTER_ADDR for the rendezvous, and it also copies the model") is no
+            # evidence for what this clause says
+            alone, _ = _read_clause(prev.norm, secret, subjects, owners, prev_inherited, [])
+            events = [e for e in events if e not in alone]
             accounted = bool(events)
             apply(events, f"{prev.text}, {c.text}")
         elif not accounted and c.resumes is not None:

@@ -453,3 +453,20 @@ def test_a_statement_in_the_course_vocabulary_is_checked_whatever_the_question_t
     assert quizzes.grade("lesson2", "q_why_wrap_per_block",
                          "Each block is gathered, used and freed in turn, so the peak is about one block, and the next "
                          "block is prefetched. I learned this yesterday.").verdict == "correct"
+
+
+@pytest.mark.parametrize("answer,lang", [
+    ("Sync BatchNorm when the per-rank batch is large, because each rank normalises with its own micro-batch's "
+     "statistics, not the global batch's.", "en"),
+    ("每个 rank 的 batch 很大的时候才需要同步 BN，因为各 rank 用自己微批的均值方差；batch 小的时候各 rank 的统计量跟全局差不多。", "zh"),
+])
+def test_the_batch_size_condition_the_wrong_way_round_is_wrong(answer, lang):
+    r = quizzes.grade("lesson6", "q_bn_sync", answer, lang)
+    assert r.verdict == "wrong" and r.details["false"], r.feedback
+
+
+def test_a_clause_after_a_comma_is_not_read_by_the_phrasing_before_it():
+    q = quizzes.load_bank("lesson0").question("q_torchrun_setup")
+    reading = claims.read_answer("It starts one process per GPU and restarts them, sets RANK, LOCAL_RANK and WORLD_SIZE, "
+                                 "and MASTER_ADDR for the rendezvous, and it also copies the model to every GPU.", q.secret)
+    assert any("[and it also copies the model to every gpu] about the topic" in t for t in reading.trace), reading.trace
