@@ -35,6 +35,7 @@ _CLAUSE_SPLIT = re.compile(
 _COMPARAND = re.compile(r"(?:\b(?:than|unlike|like|compared (?:to|with)|versus|vs|as opposed to|instead of|"
                         r"rather than|same as|similar to|as with|without)\s+(?:the\s+|with\s+|a\s+|any\s+)?$)"
                         r"|(?:(?:比|相比|比起|不像|不同于|与|和|跟|像)\s*$)")
+_RELATIVE = re.compile(r"(?<![a-z0-9])(?:what|which|whom|whatever)\s+$")
 # What makes a mention the agent of a passive verb, hence the subject: "freed by FULL_SHARD",
 # "被 FULL_SHARD 释放", "由前者释放".
 _AGENT = re.compile(r"(?:(?<![a-z0-9])by\s+(?:the\s+)?$)|(?:[被由让]\s*$)")
@@ -411,7 +412,9 @@ def subject_mentions(clause: str, subjects: dict) -> list:
         for p in phrasings:
             for m in compile_phrase(p).finditer(clause):
                 before = clause[:m.start()]
-                found.append(Mention(name, m.start(), m.end(), bool(_COMPARAND.search(before)),
+                # a mention in a relative clause ("LOCAL_RANK is what you pass to set_device") is not
+                # the subject of the statement: it is read like a thing compared with
+                found.append(Mention(name, m.start(), m.end(), bool(_COMPARAND.search(before) or _RELATIVE.search(before)),
                                      bool(_AGENT.search(before))))
     found.sort(key=lambda m: (m.start, -(m.end - m.start)))
     kept, last_end = [], -1

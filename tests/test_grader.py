@@ -470,3 +470,12 @@ def test_a_clause_after_a_comma_is_not_read_by_the_phrasing_before_it():
     reading = claims.read_answer("It starts one process per GPU and restarts them, sets RANK, LOCAL_RANK and WORLD_SIZE, "
                                  "and MASTER_ADDR for the rendezvous, and it also copies the model to every GPU.", q.secret)
     assert any("[and it also copies the model to every gpu] about the topic" in t for t in reading.trace), reading.trace
+
+
+def test_a_subject_in_a_relative_clause_is_not_the_subject():
+    """'what you pass' names YOU inside a relative clause: the statement is about LOCAL_RANK."""
+    r = quizzes.grade("lesson0", "q_torchrun_setup",
+                      "torchrun starts one process per GPU on each node and restarts it when it fails. Each process "
+                      "finds RANK, LOCAL_RANK and WORLD_SIZE in its environment, and MASTER_ADDR and MASTER_PORT say "
+                      "where to rendezvous. LOCAL_RANK is what you hand to torch.cuda.set_device.")
+    assert r.verdict != "wrong" and not r.details["false"], r.feedback
