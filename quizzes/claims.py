@@ -35,7 +35,8 @@ _CLAUSE_SPLIT = re.compile(
 _COMPARAND = re.compile(r"(?:\b(?:than|unlike|like|compared (?:to|with)|versus|vs|as opposed to|instead of|"
                         r"rather than|same as|similar to|as with|without)\s+(?:the\s+|with\s+|a\s+|any\s+)?$)"
                         r"|(?:(?:比|相比|比起|不像|不同于|与|和|跟|像)\s*$)")
-_RELATIVE = re.compile(r"(?<![a-z0-9])(?:what|which|whom|whatever)\s+$")
+# ... and one the action is done for ("sets them for you", "帮你把多进程的活干了") is not either
+_RELATIVE = re.compile(r"(?<![a-z0-9])(?:what|which|whom|whatever|for)\s+$|(?:帮|替|为|给)\s*$")
 # What makes a mention the agent of a passive verb, hence the subject: "freed by FULL_SHARD",
 # "被 FULL_SHARD 释放", "由前者释放".
 _AGENT = re.compile(r"(?:(?<![a-z0-9])by\s+(?:the\s+)?$)|(?:[被由让]\s*$)")
@@ -614,6 +615,7 @@ _BOTH = re.compile(r"(?<![a-z0-9])(?:both|neither|either of them|the two)(?![a-z
 # a sentence that announces what the answer is about, not a fact: "the difference is ...",
 # "what differs is ...", "it's a memory-versus-communication choice", "区别在于 ...", "本质上是 ..."
 _FRAME = re.compile(r"^(?:the (?:main |key |real |whole |)(?:difference|point|question|idea|crux) (?:is|lies)|"
+                    r"(?:the two|they|both) (?:only |)differ (?:only |)(?:in|by)|(?:差别|区别|不同之处)(?:只|)在|"
                     r"what (?:differs|matters|changes) is|it s (?:all |)(?:about|a [a-z ]{0,30}(?:choice|trade ?off))|"
                     r"it is (?:all |)(?:about|a [a-z ]{0,30}(?:choice|trade ?off))|think of|"
                     r"(?:区别|差别|不同|关键|核心|重点)(?:就|)(?:在于|是)|(?:本质上|其实|说白了|简单说)(?:就|)是)")

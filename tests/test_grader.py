@@ -479,3 +479,17 @@ def test_a_subject_in_a_relative_clause_is_not_the_subject():
                       "finds RANK, LOCAL_RANK and WORLD_SIZE in its environment, and MASTER_ADDR and MASTER_PORT say "
                       "where to rendezvous. LOCAL_RANK is what you hand to torch.cuda.set_device.")
     assert r.verdict != "wrong" and not r.details["false"], r.feedback
+
+
+@pytest.mark.parametrize("lesson,qid,answer,lang", [
+    # the one an action is done for is not its subject ('帮你', 'for you')
+    ("lesson0", "q_torchrun_setup", "torchrun 帮你把活都干了：每个节点每张卡起一个进程，挂了会重启。每个进程的身份是通过环境变量传进去的"
+                                    "（RANK、LOCAL_RANK、WORLD_SIZE），MASTER_ADDR 和 MASTER_PORT 用来会合。", "zh"),
+    # a bottleneck of memory is not a slow network
+    ("lesson3", "q_when_worth_it", "no_sync skips K-1 of the K reduce-scatters, but every rank holds the full unsharded "
+                                   "gradient meanwhile. Worth it on a slow network with a large K; not worth it when "
+                                   "memory is the bottleneck.", "en"),
+])
+def test_right_answers_that_once_read_as_false(lesson, qid, answer, lang):
+    r = quizzes.grade(lesson, qid, answer, lang)
+    assert r.verdict != "wrong" and not r.details["false"], r.feedback
