@@ -88,7 +88,7 @@ class Clause:
     sentence: int
     norm: str             # normalised (what phrasings match)
     text: str             # as the learner wrote it (what feedback quotes)
-    after_comma: bool     # split from the previous clause of its sentence by a comma only
+    after_comma: bool     # split from the previous clause of its sentence by a comma or a colon only
     aside: bool = False   # inside brackets: a side remark, which takes no subject from before it
     resumes: int | None = None  # right after a bracket closes: the index (in the answer) of the
     # clause before the bracket opened, whose statement it continues ("most traffic (AG, RS) stays ...")
@@ -121,7 +121,8 @@ def clauses(text: str) -> list:
             piece = parts[i].strip()
             norm = normalise(piece)
             if norm:
-                out.append(Clause(s, norm, piece, bool(sep and re.fullmatch(_COMMA, sep.strip())), depth > 0,
+                # "it sets the environment: RANK, LOCAL_RANK ...": what a colon introduces completes the clause
+                out.append(Clause(s, norm, piece, bool(sep and re.fullmatch(_COMMA + "|[:：]", sep.strip())), depth > 0,
                                   closed if depth == 0 else None))
                 closed = None
             sep = parts[i + 1] if i + 1 < len(parts) else None

@@ -493,3 +493,9 @@ def test_a_subject_in_a_relative_clause_is_not_the_subject():
 def test_right_answers_that_once_read_as_false(lesson, qid, answer, lang):
     r = quizzes.grade(lesson, qid, answer, lang)
     assert r.verdict != "wrong" and not r.details["false"], r.feedback
+
+
+def test_what_a_colon_introduces_completes_the_clause():
+    q = quizzes.load_bank("lesson0").question("q_torchrun_setup")
+    reading = claims.read_answer("For every process it fills in the environment: RANK, LOCAL_RANK and WORLD_SIZE.", q.secret)
+    assert "env" in reading.supported and not reading.unread, reading.trace
