@@ -28,7 +28,8 @@ _SENTENCE_END = re.compile(r"(?:[!?;]|\.(?=\s|$))+|[。！？；\n]+")
 _COMMA = r"[,，、]+"
 _CLAUSE_SPLIT = re.compile(
     r"(" + _COMMA + r"|[:()\[\]：（）]+"
-    r"|\s(?:but|while|whereas|although|though|however|yet|so|because|since|which|therefore|thus|hence)\s"
+    # "only while it runs", "just because": a condition of the clause, not a new statement
+    r"|(?<!\bonly)(?<!\bjust)\s(?:but|while|whereas|although|though|however|yet|so|because|since|which|therefore|thus|hence)\s"
     r"|而|但|则|却|不过|然而|所以|因为|因此|于是|从而)")
 
 # What makes a mention the thing compared with rather than the subject of the clause.
@@ -620,7 +621,7 @@ _FRAME = re.compile(r"^(?:the (?:main |key |real |whole |)(?:difference|point|qu
                     r"what (?:differs|matters|changes) is|it s (?:all |)(?:about|a [a-z ]{0,30}(?:choice|trade ?off))|"
                     r"it is (?:all |)(?:about|a [a-z ]{0,30}(?:choice|trade ?off))|think of|"
                     r"(?:区别|差别|不同|关键|核心|重点)(?:就|)(?:在于|是)|(?:本质上|其实|说白了|简单说)(?:就|)是)")
-_ELLIPSIS = re.compile(r"^(?:(?:but |while |whereas |and |)(.+?) (?:does not|doesn t|do not|don t|does nothing of the sort|never does)"
+_ELLIPSIS = re.compile(r"^(?:(?:but |while |whereas |and |)(.+?) (?:does not|doesn'?\s?t|do not|don'?\s?t|does nothing of the sort|never does)"
                        r"|(.+?)\s?(?:则|就|)(?:不会|不|没有|并不|不是这样))$")
 
 

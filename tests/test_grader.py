@@ -499,3 +499,15 @@ def test_what_a_colon_introduces_completes_the_clause():
     q = quizzes.load_bank("lesson0").question("q_torchrun_setup")
     reading = claims.read_answer("For every process it fills in the environment: RANK, LOCAL_RANK and WORLD_SIZE.", q.secret)
     assert "env" in reading.supported and not reading.unread, reading.trace
+
+
+def test_only_while_is_a_condition_not_a_new_clause():
+    assert [c.norm for c in claims.clauses("FSDP gathers a unit's weights only while it runs, but frees them after")] == \
+        ["fsdp gathers a unit's weights only while it runs", "frees them after"]
+
+
+def test_elliptic_denial_with_an_apostrophe():
+    r = quizzes.grade("lesson6", "q_ddp_hides_init",
+                      "DDP broadcasts rank 0's parameters in its constructor, so all ranks start the same. FSDP doesn't; "
+                      "each rank keeps the shard of its own init, so the gathered model mixes the ranks' inits.")
+    assert r.verdict == "correct", r.feedback
