@@ -502,6 +502,9 @@ _PURPOSE = re.compile(r"(?:^|(?<![a-z0-9]))(?:to|in order to)\s$|^(?:to|in order
 
 
 _CONDITION_BEFORE = re.compile(r"(?:要用|要在|想|为了|如果|若|要是|以后要|(?<![a-z0-9])(?:if|when) you (?:want|need) to)\s?\S{0,2}$")
+# a modal inside the phrasing makes it a requirement, not a state: "then one rank must hold the entire
+# model" (what a full state dict needs) does not say that a rank holds it
+_MODAL = re.compile(r"(?<![a-z])(?:must|would|has to|have to|will have to)(?![a-z])|必须")
 _CONDITION_AFTER = re.compile(r"\s?(?:还|就|也|)\s?(?:需要|要|得|必须|离不开)|\s(?:needs?|requires?|you need|you must|must|only works with)(?![a-z0-9])")
 
 
@@ -553,7 +556,7 @@ def _read_clause(norm: str, secret: dict, subjects: dict, owners: set, inherited
                    and (o.start(), -o.end()) < (m.start(), -m.end()) for _, _, o in found):
                 continue  # another form of this claim reads these words first (or reads more of them)
             if form.get("negated") and (_PURPOSE.search(norm[:m.start()]) or _CONDITION_BEFORE.search(norm[:m.start()])
-                                        or _CONDITION_AFTER.match(norm, m.end())):
+                                        or _CONDITION_AFTER.match(norm, m.end()) or _MODAL.search(m.group(0))):
                 accounted = True
                 # "to load on another world size, you need ...", "换 world size 加载还需要元数据":
                 # a purpose or a condition, not a statement that it works
@@ -618,8 +621,8 @@ _BOTH = re.compile(r"(?<![a-z0-9])(?:both|neither|either of them|the two)(?![a-z
 # "what differs is ...", "it's a memory-versus-communication choice", "区别在于 ...", "本质上是 ..."
 _FRAME = re.compile(r"^(?:the (?:main |key |real |whole |)(?:difference|point|question|idea|crux) (?:is|lies)|"
                     r"(?:the two|they|both) (?:only |)differ (?:only |)(?:in|by)|(?:差别|区别|不同之处)(?:只|)在|"
-                    r"what (?:differs|matters|changes) is|it s (?:all |)(?:about|a [a-z ]{0,30}(?:choice|trade ?off))|"
-                    r"it is (?:all |)(?:about|a [a-z ]{0,30}(?:choice|trade ?off))|think of|"
+                    r"what (?:differs|matters|changes) is|it'?\s?s (?:all |)(?:about|a [a-z ]{0,30}(?:choice|trade ?off|trade|deal|exchange))|"
+                    r"it is (?:all |)(?:about|a [a-z ]{0,30}(?:choice|trade ?off|trade|deal|exchange))|think of|"
                     r"(?:区别|差别|不同|关键|核心|重点)(?:就|)(?:在于|是)|(?:本质上|其实|说白了|简单说)(?:就|)是)")
 _ELLIPSIS = re.compile(r"^(?:(?:but |while |whereas |and |)(.+?) (?:does not|doesn'?\s?t|do not|don'?\s?t|does nothing of the sort|never does)"
                        r"|(.+?)\s?(?:则|就|)(?:不会|不|没有|并不|不是这样))$")

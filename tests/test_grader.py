@@ -511,3 +511,14 @@ def test_elliptic_denial_with_an_apostrophe():
                       "DDP broadcasts rank 0's parameters in its constructor, so all ranks start the same. FSDP doesn't; "
                       "each rank keeps the shard of its own init, so the gathered model mixes the ranks' inits.")
     assert r.verdict == "correct", r.feedback
+
+
+def test_a_modal_makes_a_requirement_not_a_state():
+    """'one rank must hold the entire model' is what a full state dict needs, not a claim that a rank holds it."""
+    r = quizzes.grade("lesson4", "q_why_not_torch_save",
+                      "Each rank owns only a slice of every parameter. A full state dict is a gather every rank has "
+                      "to join, and then one rank must hold the entire model in memory; DCP saves the slices with "
+                      "metadata and loads them on another world size.")
+    assert r.verdict != "wrong" and not r.details["false"], r.feedback
+    r = quizzes.grade("lesson4", "q_why_not_torch_save", "Every rank holds the entire model, so torch.save just works.")
+    assert r.verdict == "wrong" and r.details["false"], r.feedback
