@@ -644,6 +644,9 @@ def _ellipsis(clause: str, subjects: dict) -> bool:
     return bool(named) and named[0].start <= 8 and word_count(head) <= 4
 
 
+_CF_CLAUSE = re.compile(r"^(?:without (?:it|this|that|them|syncing|sync|synchroni[sz]ing)|otherwise|if not|else|不然|否则|要不然)\s?")
+
+
 def read_answer(text: str, secret: dict) -> Reading:
     subjects = {name: _phrasings(s) for name, s in secret.get("subjects", {}).items()}
     owners = {f["subject"] for c in secret["claims"] for f in c["forms"] if f.get("subject")}
@@ -689,7 +692,11 @@ def read_answer(text: str, secret: dict) -> Reading:
         # a side remark in brackets, or a clause about both ("两者都...", "both keep ...", "neither"),
         # takes no subject from before it
         clause_inherited = None if c.aside or c.sentence in remedies or _BOTH.search(c.norm) else inherited
-        events, accounted = _read_clause(c.norm, secret, subjects, owners, clause_inherited, reading.trace)
+        # "..., without it every rank normalises with its own statistics": the clause is about the
+        # alternative; its 'without' denies nothing of what follows (like a sentence about the alternative)
+        cf = _CF_CLAUSE.match(c.norm)
+        norm = c.norm[cf.end():] if cf else c.norm
+        events, accounted = _read_clause(norm, secret, subjects, owners, clause_inherited, reading.trace)
         if not accounted and (_framing(sentence_text[c.sentence], subjects) or _ellipsis(c.norm, subjects)):
             # "The difference is what happens after forward", "本质上是拿显存换通信": a frame for the
             # statements around it; "..., SHARD_GRAD_OP does not": the statement before it, denied of
@@ -719,7 +726,7 @@ def read_answer(text: str, secret: dict) -> Reading:
             events = [e for e in events if e[0] != "wrong"]
             accounted = bool(events)
             apply(events, f"{before.text} … {c.text}")
-        elif c.sentence in otherwise:  # a misconception entry is false whatever the sentence is about
+        elif c.sentence in otherwise or cf:  # a misconception entry is false whatever the sentence is about
             apply([e for e in events if e[0] != "wrong" or e[1][1] == -1], c.text)
         else:
             apply(events, c.text)

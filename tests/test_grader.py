@@ -522,3 +522,10 @@ def test_a_modal_makes_a_requirement_not_a_state():
     assert r.verdict != "wrong" and not r.details["false"], r.feedback
     r = quizzes.grade("lesson4", "q_why_not_torch_save", "Every rank holds the entire model, so torch.save just works.")
     assert r.verdict == "wrong" and r.details["false"], r.feedback
+
+
+def test_a_clause_about_the_alternative_denies_nothing():
+    r = quizzes.grade("lesson6", "q_bn_sync",
+                      "Sync them when the per-rank batch is small: otherwise every rank normalises with its own "
+                      "micro-batch's mean and variance, not the global batch's, so the outputs differ.")
+    assert r.verdict == "correct", r.feedback
