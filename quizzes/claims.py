@@ -28,13 +28,16 @@ _SENTENCE_END = re.compile(r"(?:[!?;]|\.(?=\s|$))+|[。！？；\n]+")
 _COMMA = r"[,，、]+"
 _CLAUSE_SPLIT = re.compile(
     r"(" + _COMMA + r"|[:()\[\]：（）]+"
-    r"|\s(?:but|while|whereas|although|though|however|yet|so|because|since|which|therefore|thus|hence)\s"
+    # "only while it runs", "just because": a condition of the clause, not a new statement
+    r"|(?<!\bonly)(?<!\bjust)\s(?:but|while|whereas|although|though|however|yet|so|because|since|which|therefore|thus|hence)\s"
     r"|而|但|则|却|不过|然而|所以|因为|因此|于是|从而)")
 
 # What makes a mention the thing compared with rather than the subject of the clause.
 _COMPARAND = re.compile(r"(?:\b(?:than|unlike|like|compared (?:to|with)|versus|vs|as opposed to|instead of|"
                         r"rather than|same as|similar to|as with|without)\s+(?:the\s+|with\s+|a\s+|any\s+)?$)"
                         r"|(?:(?:比|相比|比起|不像|不同于|与|和|跟|像)\s*$)")
+# ... and one the action is done for ("sets them for you", "帮你把多进程的活干了") is not either
+_RELATIVE = re.compile(r"(?<![a-z0-9])(?:what|which|whom|whatever|for)\s+$|(?:帮|替|为|给)\s*$")
 # What makes a mention the agent of a passive verb, hence the subject: "freed by FULL_SHARD",
 # "被 FULL_SHARD 释放", "由前者释放".
 _AGENT = re.compile(r"(?:(?<![a-z0-9])by\s+(?:the\s+)?$)|(?:[被由让]\s*$)")
@@ -86,8 +89,10 @@ class Clause:
     sentence: int
     norm: str             # normalised (what phrasings match)
     text: str             # as the learner wrote it (what feedback quotes)
-    after_comma: bool     # split from the previous clause of its sentence by a comma only
+    after_comma: bool     # split from the previous clause of its sentence by a comma or a colon only
     aside: bool = False   # inside brackets: a side remark, which takes no subject from before it
+    resumes: int | None = None  # right after a bracket closes: the index (in the answer) of the
+    # clause before the bracket opened, whose statement it continues ("most traffic (AG, RS) stays ...")
 
 
 def _calls_as_words(text: str) -> str:
@@ -112,15 +117,24 @@ def clauses(text: str) -> list:
     out = []
     for s, sentence in enumerate(sentences(text)):
         parts = _CLAUSE_SPLIT.split(sentence)
-        sep, depth = None, 0
+        sep, depth, opened_after, closed = None, 0, None, None
         for i in range(0, len(parts), 2):
             piece = parts[i].strip()
             norm = normalise(piece)
             if norm:
-                out.append(Clause(s, norm, piece, bool(sep and re.fullmatch(_COMMA, sep.strip())), depth > 0))
+                # "it sets the environment: RANK, LOCAL_RANK ...": what a colon introduces completes the clause
+                out.append(Clause(s, norm, piece, bool(sep and re.fullmatch(_COMMA + "|[:：]", sep.strip())), depth > 0,
+                                  closed if depth == 0 else None))
+                closed = None
             sep = parts[i + 1] if i + 1 < len(parts) else None
             if sep:
+                before = depth
                 depth = max(0, depth + sep.count("(") + sep.count("（") - sep.count(")") - sep.count("）"))
+                if before == 0 and depth > 0:
+                    # the clause the bracket interrupts (none when the sentence opens with it)
+                    opened_after = len(out) - 1 if out and out[-1].sentence == s else None
+                elif before > 0 and depth == 0:
+                    closed = opened_after
     return out
 
 
@@ -135,6 +149,11 @@ def word_count(text: str) -> int:
     return len(re.findall(r"[a-z0-9']+", norm)) + len(_CJK_CHAR.findall(norm))
 
 
+def _plural_noun(word: str) -> bool:
+    nouns = en_lemmas(word).get("NOUN", ()) if word else ()
+    return word.endswith("s") and bool(nouns) and word not in nouns
+
+
 def _is_verb_form(words: list, i: int) -> bool:
     """Is words[i] an inflected verb? lemminflect's tables tell a plural ('shards': a noun only)
     from a verb form ('frees', 'kept'); a form that can be either ('keeps', 'gathers') is the verb
@@ -143,10 +162,14 @@ def _is_verb_form(words: list, i: int) -> bool:
     nxt = words[i + 1] if i + 1 < len(words) else ""
     lemmas = en_lemmas(w)
     verb = lemmas.get("VERB", ())
-    if verb and w not in verb:  # an inflected form of a verb
-        return "NOUN" not in lemmas and "ADJ" not in lemmas or nxt in _OBJECT_START
     prev = words[i - 1] if i else ""
-    if verb and i and prev.endswith("s") and "NOUN" in en_lemmas(prev) and prev not in en_lemmas(prev)["NOUN"]:
+    if verb and w not in verb:  # an inflected form of a verb
+        if "NOUN" not in lemmas and "ADJ" not in lemmas or nxt in _OBJECT_START:
+            return True
+        # a plural noun is not followed by another plural in a noun phrase ('gradient shards'):
+        # after one, an -s form is the verb ('the all-reduce of gradient shards crosses nodes')
+        return w.endswith("s") and _plural_noun(prev) and bool(nxt)
+    if verb and i and _plural_noun(prev):
         # a base form after a plural noun: 'the all-gathers happen inside', 'gradients stay sharded'
         return "NOUN" not in lemmas or nxt in _OBJECT_START
     if not lemmas:  # a word lemminflect does not know: a course verb with an ending ('resharded')
@@ -176,6 +199,27 @@ def carries_verb(clause: str) -> bool:
 _LIST_SEP = re.compile(r"\s*(?:[,，、/;；|+]|(?<![a-z])and(?![a-z])|和)\s*")
 
 
+# words that make a run of Chinese a phrase rather than a term: particles, copula, auxiliaries
+# (read per jieba word: 会 is an auxiliary, 会合 "rendezvous" a term)
+_ZH_FUNCTION_WORDS = set("的了是在会就都也要把被让将得着过所能")
+
+
+def _zh_phrase(text: str) -> bool:
+    return any(w in _ZH_FUNCTION_WORDS for w, _, _ in zh_words(text))
+
+
+def _spaced_terms(text: str) -> bool:
+    """Five or more space-separated tokens, each one identifier or flag ('LOCAL_RANK', '--nnodes')
+    or a Chinese term of at most four characters with no particle or auxiliary in it, two of them
+    Chinese: 'RANK LOCAL_RANK WORLD_SIZE 会合 MASTER_ADDR 重启'. A sentence written with spaces
+    around its English terms has longer Chinese runs ('每个 rank 只有自己的 shard')."""
+    tokens = text.split()
+    zh = [t for t in tokens if _CJK_CHAR.search(t)]
+    return len(tokens) >= 5 and len(zh) >= 2 and all(
+        re.fullmatch(r"[a-z0-9_\-.']+", t) or (re.fullmatch(f"[{CJK}]{{1,4}}", t) and not _zh_phrase(t))
+        for t in tokens)
+
+
 def keyword_list(sentence: str) -> bool:
     """Three or more items of at most two words (or four Chinese characters) each, separated by
     commas, 、, slashes or spaced Chinese words, with no auxiliary and no item that is a verb
@@ -185,19 +229,20 @@ def keyword_list(sentence: str) -> bool:
     if _AUX_EN.search(normalise(text)):
         return False
     items = [i for i in _LIST_SEP.split(text) if i.strip()]
-    if len(items) < 3 and _ZH_KEYWORD_RUN.search(text):
-        items = text.split()  # '环境变量 rank 会合 重启'
+    if len(items) < 3 and (_ZH_KEYWORD_RUN.search(text) or _spaced_terms(text)):
+        items = text.split()  # '环境变量 rank 会合 重启', '环境变量 RANK LOCAL_RANK 会合 MASTER_ADDR 重启'
 
     def keyword(item):
         ascii_words = re.findall(r"[a-z0-9][a-z0-9_\-.']*", item)
         plain = re.findall(r"[a-z][a-z']*", normalise(item))
         zh = [w for w, _, _ in zh_words(item) if _CJK_CHAR.search(w)]
-        short = len(ascii_words) + len(zh) <= 2 or (len(ascii_words) <= 1 and len(_CJK_CHAR.findall(item)) <= 4) \
-            or (not ascii_words and len(zh) <= 3 and len(_CJK_CHAR.findall(item)) <= 5)
+        # a noun phrase of up to four words is a term too ('one process per GPU'), a verb makes it a statement
+        short = len(ascii_words) + len(zh) <= 2 or (not zh and len(ascii_words) <= 4) or (len(ascii_words) <= 1 and len(_CJK_CHAR.findall(item)) <= 4) \
+            or (not ascii_words and len(zh) <= 3 and len(_CJK_CHAR.findall(item)) <= 6)
         # a one-word item is a term ('restarts'); two words with a verb form are a statement ('frees params')
         verb = len(ascii_words) > 1 and not item.strip().startswith("-") and any(
             _is_verb_form(plain, i) for i in range(len(plain)))
-        return short and not verb
+        return short and not verb and not _zh_phrase(item)
 
     return len(items) >= 3 and all(keyword(i) for i in items)
 
@@ -370,7 +415,9 @@ def subject_mentions(clause: str, subjects: dict) -> list:
         for p in phrasings:
             for m in compile_phrase(p).finditer(clause):
                 before = clause[:m.start()]
-                found.append(Mention(name, m.start(), m.end(), bool(_COMPARAND.search(before)),
+                # a mention in a relative clause ("LOCAL_RANK is what you pass to set_device") is not
+                # the subject of the statement: it is read like a thing compared with
+                found.append(Mention(name, m.start(), m.end(), bool(_COMPARAND.search(before) or _RELATIVE.search(before)),
                                      bool(_AGENT.search(before))))
     found.sort(key=lambda m: (m.start, -(m.end - m.start)))
     kept, last_end = [], -1
@@ -455,6 +502,9 @@ _PURPOSE = re.compile(r"(?:^|(?<![a-z0-9]))(?:to|in order to)\s$|^(?:to|in order
 
 
 _CONDITION_BEFORE = re.compile(r"(?:要用|要在|想|为了|如果|若|要是|以后要|(?<![a-z0-9])(?:if|when) you (?:want|need) to)\s?\S{0,2}$")
+# a modal inside the phrasing makes it a requirement, not a state: "then one rank must hold the entire
+# model" (what a full state dict needs) does not say that a rank holds it
+_MODAL = re.compile(r"(?<![a-z])(?:must|would|has to|have to|will have to)(?![a-z])|必须")
 _CONDITION_AFTER = re.compile(r"\s?(?:还|就|也|)\s?(?:需要|要|得|必须|离不开)|\s(?:needs?|requires?|you need|you must|must|only works with)(?![a-z0-9])")
 
 
@@ -477,9 +527,20 @@ def _topic_phrasings(secret: dict) -> list:
     return out
 
 
+# the course's own vocabulary: a statement that uses it is about distributed training, whatever
+# the question's `topic` lists ("另外每个 rank 只需要存 1/N 的激活" under a question about wrapping),
+# so leaving it unread leaves something unchecked; "I learned this yesterday" uses none of it
+COURSE_TERMS = ["rank*", "gpu*", "shard*", "all gather*", "reduce scatter*", "all reduce*", "broadcast*",
+                "memory", "activation*", "gradient*", "grad*", "param*", "weight*", "optimi*", "node*", "batch*",
+                "forward", "backward", "fsdp", "ddp", "communicat*", "collective*", "checkpoint*", "nvlink",
+                "显存", "内存", "激活", "梯度", "参数", "权重", "优化器", "分片", "节点", "前向", "反向", "通信",
+                "广播", "同步", "检查点"]
+
+
 def is_topical(clause: str, secret: dict) -> bool:
-    """Does the clause talk about the question's topic (its `topic` words or a subject)?"""
-    return any(compile_phrase(p).search(clause) for p in _topic_phrasings(secret))
+    """Does the clause talk about the question's topic (its `topic` words or a subject) or use the
+    course's vocabulary (COURSE_TERMS)?"""
+    return any(compile_phrase(p).search(clause) for p in _topic_phrasings(secret) + COURSE_TERMS)
 
 
 def _read_clause(norm: str, secret: dict, subjects: dict, owners: set, inherited, trace: list) -> tuple:
@@ -495,7 +556,7 @@ def _read_clause(norm: str, secret: dict, subjects: dict, owners: set, inherited
                    and (o.start(), -o.end()) < (m.start(), -m.end()) for _, _, o in found):
                 continue  # another form of this claim reads these words first (or reads more of them)
             if form.get("negated") and (_PURPOSE.search(norm[:m.start()]) or _CONDITION_BEFORE.search(norm[:m.start()])
-                                        or _CONDITION_AFTER.match(norm, m.end())):
+                                        or _CONDITION_AFTER.match(norm, m.end()) or _MODAL.search(m.group(0))):
                 accounted = True
                 # "to load on another world size, you need ...", "换 world size 加载还需要元数据":
                 # a purpose or a condition, not a statement that it works
@@ -556,6 +617,36 @@ _COUNTERFACTUAL = re.compile(r"(?:if (?:you |we |one |)(?:do not|don't|dont|didn
 _BOTH = re.compile(r"(?<![a-z0-9])(?:both|neither|either of them|the two)(?![a-z0-9])|两者|二者|两种|两个策略|它们都")
 
 
+# a sentence that announces what the answer is about, not a fact: "the difference is ...",
+# "what differs is ...", "it's a memory-versus-communication choice", "区别在于 ...", "本质上是 ..."
+_FRAME = re.compile(r"^(?:the (?:main |key |real |whole |)(?:difference|point|question|idea|crux) (?:is|lies)|"
+                    r"(?:the two|they|both) (?:only |)differ (?:only |)(?:in|by)|(?:差别|区别|不同之处)(?:只|)在|"
+                    r"what (?:differs|matters|changes) is|it'?\s?s (?:all |)(?:about|a [a-z ]{0,30}(?:choice|trade ?off|trade|deal|exchange))|"
+                    r"it is (?:all |)(?:about|a [a-z ]{0,30}(?:choice|trade ?off|trade|deal|exchange))|think of|"
+                    r"(?:区别|差别|不同|关键|核心|重点)(?:就|)(?:在于|是)|(?:本质上|其实|说白了|简单说)(?:就|)是)")
+_ELLIPSIS = re.compile(r"^(?:(?:but |while |whereas |and |)(.+?) (?:does not|doesn'?\s?t|do not|don'?\s?t|does nothing of the sort|never does)"
+                       r"|(.+?)\s?(?:则|就|)(?:不会|不|没有|并不|不是这样))$")
+
+
+def _framing(sentence: str, subjects: dict) -> bool:
+    norm = normalise(sentence)
+    rest = _FRAME.match(norm)
+    return bool(rest) and not subject_mentions(norm, subjects) \
+        and word_count(norm[rest.end():]) <= 20
+
+
+def _ellipsis(clause: str, subjects: dict) -> bool:
+    m = _ELLIPSIS.match(clause)
+    if not m:
+        return False
+    named = subject_mentions(clause, subjects)
+    head = (m.group(1) or m.group(2) or "").strip()
+    return bool(named) and named[0].start <= 8 and word_count(head) <= 4
+
+
+_CF_CLAUSE = re.compile(r"^(?:without (?:it|this|that|them|syncing|sync|synchroni[sz]ing)|otherwise|if not|else|不然|否则|要不然)\s?")
+
+
 def read_answer(text: str, secret: dict) -> Reading:
     subjects = {name: _phrasings(s) for name, s in secret.get("subjects", {}).items()}
     owners = {f["subject"] for c in secret["claims"] for f in c["forms"] if f.get("subject")}
@@ -601,7 +692,17 @@ def read_answer(text: str, secret: dict) -> Reading:
         # a side remark in brackets, or a clause about both ("两者都...", "both keep ...", "neither"),
         # takes no subject from before it
         clause_inherited = None if c.aside or c.sentence in remedies or _BOTH.search(c.norm) else inherited
-        events, accounted = _read_clause(c.norm, secret, subjects, owners, clause_inherited, reading.trace)
+        # "..., without it every rank normalises with its own statistics": the clause is about the
+        # alternative; its 'without' denies nothing of what follows (like a sentence about the alternative)
+        cf = _CF_CLAUSE.match(c.norm)
+        norm = c.norm[cf.end():] if cf else c.norm
+        events, accounted = _read_clause(norm, secret, subjects, owners, clause_inherited, reading.trace)
+        if not accounted and (_framing(sentence_text[c.sentence], subjects) or _ellipsis(c.norm, subjects)):
+            # "The difference is what happens after forward", "本质上是拿显存换通信": a frame for the
+            # statements around it; "..., SHARD_GRAD_OP does not": the statement before it, denied of
+            # the other subject. Read (it leaves nothing unchecked), credited with nothing.
+            reading.trace.append(f"[{c.norm}] a frame or an elliptic denial: read, credits nothing")
+            accounted = True
         prev = all_clauses[i - 1] if i else None
         if not accounted and prev is not None and prev.sentence == c.sentence and c.after_comma:
             # a statement split by a comma ("FULL_SHARD 在前向之后，会释放参数"): read the two together
@@ -610,9 +711,22 @@ def read_answer(text: str, secret: dict) -> Reading:
             # what the two clauses state together is credited; a misconception is never built
             # out of two clauses (a '...' gap across the comma reads words that do not belong together)
             events = [e for e in events if e[0] != "wrong"]
+            # only what needs both halves reads this clause: a phrasing the clause before states on
+            # its own ("..., and MASTER_ADDR for the rendezvous, and it also copies the model") is no
+            # evidence for what this clause says
+            alone, _ = _read_clause(prev.norm, secret, subjects, owners, prev_inherited, [])
+            events = [e for e in events if e not in alone]
             accounted = bool(events)
             apply(events, f"{prev.text}, {c.text}")
-        elif c.sentence in otherwise:  # a misconception entry is false whatever the sentence is about
+        elif not accounted and c.resumes is not None:
+            # the statement a bracket interrupted ("most of the traffic (all-gathers, reduce-scatters)
+            # stays inside the node"): read its two halves together, misconceptions aside as above
+            before = all_clauses[c.resumes]
+            events, _ = _read_clause(f"{before.norm} {c.norm}", secret, subjects, owners, clause_inherited, reading.trace)
+            events = [e for e in events if e[0] != "wrong"]
+            accounted = bool(events)
+            apply(events, f"{before.text} … {c.text}")
+        elif c.sentence in otherwise or cf:  # a misconception entry is false whatever the sentence is about
             apply([e for e in events if e[0] != "wrong" or e[1][1] == -1], c.text)
         else:
             apply(events, c.text)

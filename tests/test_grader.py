@@ -354,7 +354,178 @@ def test_language_libraries_load_lazily_and_quietly():
     import subprocess
     import sys
     code = ("import sys, quizzes; assert not {'torch', 'jieba', 'lemminflect'} & set(sys.modules), sys.modules.keys(); "
-            "r = quizzes.grade('lesson1', 'q_full_vs_shard_grad_op', 'FULL_SHARD 在前向之后释放参数，SHARD_GRAD_OP 保留到反向。', 'zh'); "
+            "r = quizzes.grade('lesson1', 'q_full_vs_shard_grad_op', 'FULL_SHARD 在前向之后释放参数，SHARD_GRAD_OP 保留到反向，所以显存更多。', 'zh'); "
             "assert 'jieba' in sys.modules and r.verdict == 'correct', r.details")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
+# --- round 2: mechanisms that generalise (each with answers written for this test) --------------
+
+@pytest.mark.parametrize("text,is_list", [
+    ("进程组 RANK WORLD_SIZE 会合 MASTER_PORT 重启 --nnodes", True),  # spaced terms, Chinese and English
+    ("分片、重新分片、预取、峰值显存、前向反向重叠", True),  # 、-list, one term of six characters
+    ("all-gather、reshard、显存峰值、通信计算重叠、粒度", True),  # mixed-language 、-list
+    ("每个 rank 只有自己的 shard 和优化器状态", False),  # spaces around English terms: a sentence
+    ("参数、梯度和优化器状态都分片到各个 rank 上", False),  # a list inside a statement
+    ("FULL_SHARD 前向之后 会 释放 参数", False),  # an auxiliary makes it a statement
+    ("RANK, LOCAL_RANK, WORLD_SIZE, MASTER_PORT, restarts, one worker per GPU", True),  # a noun phrase is a term
+    ("RANK, LOCAL_RANK, WORLD_SIZE, and torchrun restarts failed workers", False),
+])
+def test_keyword_lists_in_chinese_and_mixed(text, is_list):
+    assert claims.keyword_list(text) is is_list
+
+
+def test_an_s_form_after_a_plural_noun_is_the_verb():
+    assert claims.carries_verb(claims.normalise("only the all-reduce of gradient shards crosses nodes"))
+    assert not claims.carries_verb(claims.normalise("gradient shards, parameter shards, optimizer states"))
+
+
+def test_a_statement_interrupted_by_brackets_is_read_whole():
+    r = quizzes.grade("lesson8", "q_hsdp_why",
+                      "The bulk of the traffic (parameter all-gathers and gradient reduce-scatters) remains inside "
+                      "each node, and only a small all-reduce of gradient shards goes between the nodes.")
+    assert r.verdict == "correct", r.feedback
+
+
+@pytest.mark.parametrize("lesson,qid,answer", [
+    # the comparison the other way round, in both languages
+    ("lesson8", "q_hsdp_why", "The shard group stays inside each node for the all-gathers and reduce-scatters, and only "
+                              "an all-reduce of gradient shards crosses nodes, because the inter-node network is faster "
+                              "than NVLink."),
+    ("lesson8", "q_hsdp_why", "all-gather 和 reduce-scatter 留在节点内，跨节点的只有梯度分片的 all-reduce，因为节点之间的链路比节点内快。"),
+    # a right answer, then a false figure
+    ("lesson7", "q_ac_when_and_cost", "It pays when activations dominate memory, with long sequences; backward recomputes "
+                                      "each block's forward. That doubles the training time."),
+    ("lesson7", "q_ac_when_and_cost", "序列长、激活占大头的时候划算；代价是反向重算前向，计算量差不多翻倍。"),
+    # the condition swapped: it pays when the model state dominates
+    ("lesson7", "q_ac_when_and_cost", "参数和优化器状态占显存大头的时候最划算，代价是反向重新计算前向。"),
+    # only rank 0 may call it / DCP gathers to rank 0
+    ("lesson4", "q_why_not_torch_save", "每个 rank 只有自己的参数分片；完整的 state dict 要 all-gather，只能在 rank 0 上调用，"
+                                        "而且一个 rank 放不下整个模型，换 world size 要用 DCP。"),
+    ("lesson4", "q_why_not_torch_save", "Each rank holds only its shard, so a full state dict needs an all-gather that every "
+                                        "rank joins and may not fit in one rank's memory. DCP also gathers the whole model "
+                                        "to rank 0 first and writes a single file."),
+    # per-block wrapping does not move fewer bytes
+    ("lesson2", "q_why_wrap_per_block", "Each block is gathered, used and freed in turn, so the peak is about one block, "
+                                        "and wrapping per block halves the bytes sent per step."),
+])
+def test_a_false_statement_beside_right_ones_makes_it_wrong(lesson, qid, answer):
+    r = quizzes.grade(lesson, qid, answer, "zh" if claims.CJK_RE.search(answer) else "en")
+    assert r.verdict == "wrong" and r.details["false"], r.feedback
+
+
+@pytest.mark.parametrize("lesson,qid,answer", [
+    # half of the answer: the mechanism without its trade-off, the heavy traffic without what crosses
+    ("lesson1", "q_full_vs_shard_grad_op", "After forward FULL_SHARD reshards the parameters; SHARD_GRAD_OP holds on to them "
+                                           "until backward."),
+    ("lesson8", "q_hsdp_why", "Because the reduce-scatters and all-gathers of the shard group then happen inside one node."),
+    # a noun phrase is no condition: '自己那个小 batch' says nothing about when to sync
+    ("lesson6", "q_bn_sync", "每个 rank 拿自己那个小 batch 算均值和方差，和全局的不一样，所以输出和梯度都和单卡不同。"),
+    # loose words for the heavy traffic: 'the communication' is not the all-gathers
+    ("lesson8", "q_hsdp_why", "The network between nodes is slow, so we keep the communication inside the node."),
+])
+def test_each_key_idea_needs_its_own_evidence(lesson, qid, answer):
+    r = quizzes.grade(lesson, qid, answer, "zh" if claims.CJK_RE.search(answer) else "en")
+    assert r.verdict == "wrong" and r.details["reason"] == "partial" and r.details["missing"], r.feedback
+
+
+@pytest.mark.parametrize("answer,verdict", [
+    # a frame announces what follows, an elliptic denial repeats the statement before it: both read
+    ("What differs is the fate of the gathered weights. FULL_SHARD drops them after forward and gathers them "
+     "again in backward; SHARD_GRAD_OP does not.", "correct"),
+    ("区别在于前向之后参数怎么处理。FULL_SHARD 前向后释放参数、反向再 all-gather 一次；SHARD_GRAD_OP 则不会。", "correct"),
+    # a frame that names a subject states something about it: not a frame
+    ("The key is that SHARD_GRAD_OP compresses its parameters. FULL_SHARD drops them after forward and gathers them "
+     "again in backward.", "unsure"),
+])
+def test_frames_and_elliptic_denials_are_read(answer, verdict):
+    r = quizzes.grade("lesson1", "q_full_vs_shard_grad_op", answer, "zh" if claims.CJK_RE.search(answer) else "en")
+    assert r.verdict == verdict, r.feedback
+
+
+def test_a_statement_in_the_course_vocabulary_is_checked_whatever_the_question_topic():
+    """An added sentence about activations under a question about wrapping is still checked."""
+    r = quizzes.grade("lesson2", "q_why_wrap_per_block",
+                      "每个 block 算完就释放参数，所以峰值只有一两个 block，下一个 block 还能提前 all-gather。"
+                      "另外这样每个 rank 只需要存 1/N 的激活。", "zh")
+    assert r.verdict == "unsure" and "1/N" in r.details["unread"][0], r.feedback
+    assert quizzes.grade("lesson2", "q_why_wrap_per_block",
+                         "Each block is gathered, used and freed in turn, so the peak is about one block, and the next "
+                         "block is prefetched. I learned this yesterday.").verdict == "correct"
+
+
+@pytest.mark.parametrize("answer,lang", [
+    ("Sync BatchNorm when the per-rank batch is large, because each rank normalises with its own micro-batch's "
+     "statistics, not the global batch's.", "en"),
+    ("每个 rank 的 batch 很大的时候才需要同步 BN，因为各 rank 用自己微批的均值方差；batch 小的时候各 rank 的统计量跟全局差不多。", "zh"),
+])
+def test_the_batch_size_condition_the_wrong_way_round_is_wrong(answer, lang):
+    r = quizzes.grade("lesson6", "q_bn_sync", answer, lang)
+    assert r.verdict == "wrong" and r.details["false"], r.feedback
+
+
+def test_a_clause_after_a_comma_is_not_read_by_the_phrasing_before_it():
+    q = quizzes.load_bank("lesson0").question("q_torchrun_setup")
+    reading = claims.read_answer("It starts one process per GPU and restarts them, sets RANK, LOCAL_RANK and WORLD_SIZE, "
+                                 "and MASTER_ADDR for the rendezvous, and it also copies the model to every GPU.", q.secret)
+    assert any("[and it also copies the model to every gpu] about the topic" in t for t in reading.trace), reading.trace
+
+
+def test_a_subject_in_a_relative_clause_is_not_the_subject():
+    """'what you pass' names YOU inside a relative clause: the statement is about LOCAL_RANK."""
+    r = quizzes.grade("lesson0", "q_torchrun_setup",
+                      "torchrun starts one process per GPU on each node and restarts it when it fails. Each process "
+                      "finds RANK, LOCAL_RANK and WORLD_SIZE in its environment, and MASTER_ADDR and MASTER_PORT say "
+                      "where to rendezvous. LOCAL_RANK is what you hand to torch.cuda.set_device.")
+    assert r.verdict != "wrong" and not r.details["false"], r.feedback
+
+
+@pytest.mark.parametrize("lesson,qid,answer,lang", [
+    # the one an action is done for is not its subject ('帮你', 'for you')
+    ("lesson0", "q_torchrun_setup", "torchrun 帮你把活都干了：每个节点每张卡起一个进程，挂了会重启。每个进程的身份是通过环境变量传进去的"
+                                    "（RANK、LOCAL_RANK、WORLD_SIZE），MASTER_ADDR 和 MASTER_PORT 用来会合。", "zh"),
+    # a bottleneck of memory is not a slow network
+    ("lesson3", "q_when_worth_it", "no_sync skips K-1 of the K reduce-scatters, but every rank holds the full unsharded "
+                                   "gradient meanwhile. Worth it on a slow network with a large K; not worth it when "
+                                   "memory is the bottleneck.", "en"),
+])
+def test_right_answers_that_once_read_as_false(lesson, qid, answer, lang):
+    r = quizzes.grade(lesson, qid, answer, lang)
+    assert r.verdict != "wrong" and not r.details["false"], r.feedback
+
+
+def test_what_a_colon_introduces_completes_the_clause():
+    q = quizzes.load_bank("lesson0").question("q_torchrun_setup")
+    reading = claims.read_answer("For every process it fills in the environment: RANK, LOCAL_RANK and WORLD_SIZE.", q.secret)
+    assert "env" in reading.supported and not reading.unread, reading.trace
+
+
+def test_only_while_is_a_condition_not_a_new_clause():
+    assert [c.norm for c in claims.clauses("FSDP gathers a unit's weights only while it runs, but frees them after")] == \
+        ["fsdp gathers a unit's weights only while it runs", "frees them after"]
+
+
+def test_elliptic_denial_with_an_apostrophe():
+    r = quizzes.grade("lesson6", "q_ddp_hides_init",
+                      "DDP broadcasts rank 0's parameters in its constructor, so all ranks start the same. FSDP doesn't; "
+                      "each rank keeps the shard of its own init, so the gathered model mixes the ranks' inits.")
+    assert r.verdict == "correct", r.feedback
+
+
+def test_a_modal_makes_a_requirement_not_a_state():
+    """'one rank must hold the entire model' is what a full state dict needs, not a claim that a rank holds it."""
+    r = quizzes.grade("lesson4", "q_why_not_torch_save",
+                      "Each rank owns only a slice of every parameter. A full state dict is a gather every rank has "
+                      "to join, and then one rank must hold the entire model in memory; DCP saves the slices with "
+                      "metadata and loads them on another world size.")
+    assert r.verdict != "wrong" and not r.details["false"], r.feedback
+    r = quizzes.grade("lesson4", "q_why_not_torch_save", "Every rank holds the entire model, so torch.save just works.")
+    assert r.verdict == "wrong" and r.details["false"], r.feedback
+
+
+def test_a_clause_about_the_alternative_denies_nothing():
+    r = quizzes.grade("lesson6", "q_bn_sync",
+                      "Sync them when the per-rank batch is small: otherwise every rank normalises with its own "
+                      "micro-batch's mean and variance, not the global batch's, so the outputs differ.")
+    assert r.verdict == "correct", r.feedback

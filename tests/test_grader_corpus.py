@@ -30,10 +30,18 @@ def corpus_items(lesson, qid):
     return corpus.read_corpus(path)["questions"].get(qid)
 
 
+# answers of the first held-out round, moved into the corpus after it was measured: the rules of
+# round 2 were written without tuning to them, so they are a pseudo-held-out set, measured as a
+# whole (test_pseudo_heldout_matrix), not held to every label
+PSEUDO_HELDOUT = "heldout round 1"
+
+
 def labelled_answers():
     params = []
     for lesson, qid in open_questions():
         for n, item in enumerate(corpus_items(lesson, qid) or []):
+            if item.get("source") == PSEUDO_HELDOUT:
+                continue
             params.append(pytest.param(lesson, qid, item, id=f"{lesson}-{qid}-{n:02d}-{item['label']}-{item['kind']}"))
     return params
 
@@ -78,8 +86,23 @@ def test_tuning_corpus_matrix(capsys):
     text, _ = corpus.report(corpus.grade_corpus([CORPUS_DIR]), "tuning corpus")
     with capsys.disabled():
         print("\n" + text)
-    m = corpus.matrices(corpus.grade_corpus([CORPUS_DIR]))["all"]
+    tuned = [g for g in corpus.grade_corpus([CORPUS_DIR]) if g.item.get("source") != PSEUDO_HELDOUT]
+    m = corpus.matrices(tuned)["all"]
     assert m.counts["wrong", "correct"] == 0 and m.counts["correct", "wrong"] == 0
+
+
+def test_pseudo_heldout_matrix(capsys):
+    """The first held-out round (216 answers) as the rules of round 2 left it, measured before the
+    round-2 held-out set was opened (quizzes/README.md, 'Measured'): a rule change that makes it
+    worse than that fails here."""
+    graded = [g for g in corpus.grade_corpus([CORPUS_DIR]) if g.item.get("source") == PSEUDO_HELDOUT]
+    text, _ = corpus.report(graded, "pseudo-held-out (held-out round 1)")
+    with capsys.disabled():
+        print("\n" + text)
+    m = corpus.matrices(graded)["all"]
+    assert len(graded) == 216
+    assert m.counts["wrong", "correct"] <= 2 and m.counts["correct", "wrong"] <= 2, dict(m.counts)
+    assert m.counts["wrong", "wrong"] >= 112 and m.counts["correct", "unsure"] <= 27, dict(m.counts)
 
 
 HELDOUT_DIR = CORPUS_DIR.parent / "quiz_heldout"
@@ -91,8 +114,10 @@ def test_every_open_question_has_a_heldout_set(lesson, qid):
     assert len(items) >= 24 and {i["lang"] for i in items} == {"en", "zh"}
 
 
-@pytest.mark.xfail(strict=True, reason="measured on the frozen held-out set: the targets are not met yet "
-                                       "(quizzes/README.md, 'Measured'); strict: passing turns this red until it is re-armed")
+@pytest.mark.xfail(strict=True, reason="held-out round 2, measured once at 03:45 UTC after round 2's rules "
+                                       "(quizzes/README.md, 'Measured'): wrong graded correct 8.7% (at most 2%), right "
+                                       "graded wrong 11.1% (at most 5%), right graded unsure 34.4% (at most 30%) fail; "
+                                       "wrong graded wrong 77.8% passes. Strict: passing turns this red until it is re-armed")
 def test_heldout_targets(capsys):
     """Issue 21's targets on the held-out set, which the rules were never tuned on."""
     graded = corpus.grade_corpus([HELDOUT_DIR])

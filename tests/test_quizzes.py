@@ -157,7 +157,7 @@ def test_bank_lint(path):
 def test_lesson1_required_questions():
     bank = quizzes.load_bank("lesson1")
     assert bank.question("q_full_vs_shard_grad_op").type == "open"
-    assert [k["id"] for k in grading.key_ideas(bank.question("q_full_vs_shard_grad_op").secret)] == ["when_freed"]
+    assert [k["id"] for k in grading.key_ideas(bank.question("q_full_vs_shard_grad_op").secret)] == ["when_freed", "trade_off"]
     assert bank.question("ex_predict_bytes").type == "code"
     assert len(bank.graded()) >= 7 and len(quizzes.load_bank("lesson0").graded()) >= 6
 
