@@ -6,8 +6,8 @@
 ``COLORS`` gives each memory category, collective and precision one colour, the same in every
 lesson (optimizer state is green wherever it is drawn). ``problems(fig)`` lists what makes a
 figure hard to read: two pieces of text on top of each other (titles, axis labels, tick labels,
-legends, annotations), a legend drawn over bars, or several series and no legend. The notebook tests run it on every figure
-a notebook shows (``install_checks``).
+legends, annotations), a legend drawn over bars, or several series and no legend. The notebook
+tests run it on every figure a notebook shows (``install_checks``).
 """
 
 from __future__ import annotations

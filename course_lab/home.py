@@ -158,7 +158,8 @@ def table_html(root: Path = LESSONS) -> str:
         body.append(
             f"<tr><td>{r['lesson']}</td><td style='text-align:left'>{nb}</td>"
             f"<td style='text-align:left'><code>{e(r['launch'])}</code></td>"
-            f"<td style='text-align:left;white-space:nowrap' class='course-home-quiz'>{quiz}</td></tr>"
+            "<td style='text-align:left;white-space:nowrap' class='course-home-quiz'>"
+            f"{quiz}</td></tr>"
         )
     head = (
         "<tr><th>#</th><th style='text-align:left'>lesson notebook</th>"
@@ -172,7 +173,8 @@ def _note() -> str:
     from quizzes import progress
 
     return (
-        f"Progress file: {progress.progress_path()} (quiz language: {progress.get_setting('lang', 'en')}). "
+        f"Progress file: {progress.progress_path()} "
+        f"(quiz language: {progress.get_setting('lang', 'en')}). "
         '"correct": graded correct by the quiz; "self-assessed": open answers the grader could '
         "not read whole, marked right by you against the key ideas."
     )

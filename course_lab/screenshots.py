@@ -207,7 +207,7 @@ def run_all(page) -> None:
                 timeout=15_000
             )
             return
-        except Exception:  # noqa: BLE001, S112 - playwright's TimeoutError: nothing queued yet
+        except Exception:  # playwright's TimeoutError: nothing queued yet
             continue
 
 

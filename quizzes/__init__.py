@@ -1,9 +1,11 @@
 """Quiz engine of the fsdp-course: banks per lesson, one grader for notebook, terminal and tests.
 
-quizzes.show("lesson1")                                  # ipywidgets quiz in a notebook
-quizzes.grade("lesson1", "q_zero_mapping", "b")          # -> Result(correct, score, feedback)
-quizzes.check_exercise("lesson1", "ex_predict_bytes", predict_bytes, **context)
-python -m quizzes --help                                 # the terminal version
+Used as:
+
+    quizzes.show("lesson1")                                  # ipywidgets quiz in a notebook
+    quizzes.grade("lesson1", "q_zero_mapping", "b")          # -> Result(correct, score, feedback)
+    quizzes.check_exercise("lesson1", "ex_predict_bytes", predict_bytes, **context)
+    python -m quizzes --help                                 # the terminal version
 """
 
 from .bank import Bank, Question, QuizError, known_lessons, load_bank

@@ -24,7 +24,7 @@ LOOKS = {
     "self_wrong": ("badge_self_wrong", "✘", "#3e1f79", "#fbefff"),
 }
 _HEADS = ("correct", "wrong", "partly", "unsure")
-# A verdict said as the first words of a sentence ("Not quite: the answer ..."), which the badge says.
+# A verdict the badge already says, as the first words of a sentence ("Not quite: the answer ...").
 _SAYS_VERDICT = re.compile(
     r"^(correct|not quite|unsure|正确|不太对|无法判定)\s*[:：]\s*", re.IGNORECASE
 )

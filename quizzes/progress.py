@@ -99,7 +99,10 @@ def _shape_problem(data) -> str | None:
                     return f"{name}.{qid}.{key} is {json.dumps(value)}, not a {key} value"
             for key, allowed in (("verdict", VERDICTS), ("graded_by", GRADED_BY)):
                 if key in rec and rec[key] not in allowed:
-                    return f"{name}.{qid}.{key} is {json.dumps(rec[key])}, not one of {', '.join(allowed)}"
+                    return (
+                        f"{name}.{qid}.{key} is {json.dumps(rec[key])}, "
+                        f"not one of {', '.join(allowed)}"
+                    )
     return None
 
 
@@ -118,7 +121,8 @@ def _move_aside(path: Path, reason: str) -> Path:
             f"aside ({exc.strerror or exc}); fix or remove it"
         ) from None
     _say(
-        f"quizzes: progress file {path} was unreadable ({reason}); moved it to {target} and started fresh"
+        f"quizzes: progress file {path} was unreadable ({reason}); "
+        f"moved it to {target} and started fresh"
     )
     return target
 

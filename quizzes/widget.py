@@ -215,7 +215,7 @@ class QuestionBox:
             self.self_status.value = ""
 
     def mark_self(self, verdict: str) -> None:
-        """The learner's own mark on the answer the grader was unsure of: recorded as self-assessed."""
+        """The learner's own mark on an answer the grader was unsure of: saved as self-assessed."""
         self.self_mark = verdict
         saved = progress.record(
             self.quiz.bank.lesson, progress.Mark(self.q.id, verdict, graded_by="self")
@@ -370,10 +370,8 @@ class QuestionBox:
             return
         self.graded, self.note = answer, None
         self.correct = self.correct or result.correct
-        self.self_mark, self.self_problem = (
-            None,
-            None,
-        )  # a new answer: the old self-mark was on another
+        # a new answer: the old self-mark was on another
+        self.self_mark, self.self_problem = None, None
         self.idea_checks = []
         self._show(result, lang)  # shown first: it must show even if saving fails
         self.quiz.update_score()

@@ -187,7 +187,8 @@ def unsure(q, answer, lang="en"):
         "found": ["free"], "missing": ["keep", "memory"], "found_labels": LABELS[lang][:1],
         "missing_labels": LABELS[lang][1:], "unread": [answer.split(". ")[-1]],
         "false": [{{"quote": "FULL_SHARD keeps them",
-                    "fix": {{"en": "it frees them after forward", "zh": "它在前向之后释放参数"}}[lang]}}],
+                    "fix": {{"en": "it frees them after forward",
+                            "zh": "它在前向之后释放参数"}}[lang]}}],
         "checklist": LABELS[lang], "reference": q.secret["reference"][lang], "too_short": False}},
         verdict="unsure")
 
@@ -745,11 +746,8 @@ def test_unsure_result_and_self_assessment_by_clicking(check_page, lab):
     expect(check).to_be_visible()
     ideas = check.locator(".quiz-idea input[type=checkbox]")
     expect(ideas).to_have_count(3)
-    assert [ideas.nth(i).is_checked() for i in range(3)] == [
-        True,
-        False,
-        False,
-    ]  # what the grader found
+    # what the grader found
+    assert [ideas.nth(i).is_checked() for i in range(3)] == [True, False, False]
     right = check.locator(".quiz-self-right button, button.quiz-self-right").first
     expect(right).to_be_disabled()
     expect(check).to_contain_text("tick every key idea first")
@@ -861,7 +859,7 @@ def test_open_answer_right_and_wrong(check_page, lab):
     )
 
 
-# --- The home page and a real lesson notebook ------------------------------------------------------
+# --- The home page and a real lesson notebook ---------------------------------------------------
 
 
 @pytest.fixture(scope="module")

@@ -90,7 +90,7 @@ def test_registered_checker_is_called_with_the_context(monkeypatch, capsys, quiz
     finally:
         import importlib
 
-        import course_lab.exercises.lesson1  # noqa: F401 - put the real checker back
+        import course_lab.exercises.lesson1  # put the real checker back
 
         importlib.reload(course_lab.exercises.lesson1)
 

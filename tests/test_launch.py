@@ -365,11 +365,12 @@ def test_setup_refuses_old_torch(tmp_path):
 def _venv_installs_this_checkout() -> bool:
     """Is the course installed in the running venv this checkout (editable)? Otherwise
     running setup.sh on it would re-point a venv another checkout uses at this one."""
+    # -I: neither PYTHONPATH nor the working folder
     probe = run_cmd(
         [sys.executable, "-I", "-c", "import fsdp_course; print(fsdp_course.__file__)"],
         cwd="/",
         timeout=60,
-    )  # -I: neither PYTHONPATH nor the working folder
+    )
     return probe.returncode == 0 and Path(probe.stdout.strip()).resolve().is_relative_to(
         REPO_ROOT.resolve()
     )

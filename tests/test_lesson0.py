@@ -57,9 +57,8 @@ def test_ddp_holds_a_full_replica_whatever_the_world_size(ddp1, ddp2):
         assert {
             k: r["bytes"][k] for k in ("params", "grads", "optimizer")
         } == theory.ddp_state_bytes(r["num_params"])
-    assert (
-        ddp1["results"]["bytes"] == ddp2["results"]["bytes"]
-    )  # activations too: same batch per rank
+    # activations too: same batch per rank
+    assert ddp1["results"]["bytes"] == ddp2["results"]["bytes"]
 
 
 def test_ddp_all_reduces_every_gradient_once(ddp2):

@@ -138,9 +138,8 @@ def test_full_shard_vs_shard_grad_op(n2):
     fs, sgo = n2["FULL_SHARD"], n2["SHARD_GRAD_OP"]
     P = 4 * fs["num_params"]
     assert state(fs) == state(sgo)  # same sharded state...
-    assert (
-        sgo["bytes"]["gathered"] > 1.9 * fs["bytes"]["gathered"]
-    )  # ...SGO holds all params gathered
+    # ...SGO holds all params gathered
+    assert sgo["bytes"]["gathered"] > 1.9 * fs["bytes"]["gathered"]
     assert 1.9 < fs["collectives"]["all_gather"]["bytes"] / P < 2.0  # FS gathers twice (minus root)
     assert 0.99 < sgo["collectives"]["all_gather"]["bytes"] / P < 1.01
     units = len(fs["unit_numels"])
@@ -316,9 +315,8 @@ def test_use_orig_params_names_groups_and_alignment_padding(orig, n2):
         assert measured["params"] > plain["params"]
         assert measured["optimizer"] < 2 * measured["params"]
     assert len({r["optimizer"] for r in run["bytes_per_rank"]}) == 2
-    assert (
-        run["bytes"]["params"] - plain["params"] == 112
-    )  # cited by q_use_orig_params (bank notes)
+    # cited by q_use_orig_params (bank notes)
+    assert run["bytes"]["params"] - plain["params"] == 112
     flat_numels = sharding.unit_flat_numels(
         run["unit_param_numels"], 2, "FULL_SHARD", use_orig_params=True
     )
@@ -396,7 +394,8 @@ def test_bad_strategy_input_is_one_line_and_exit_2():
         (
             ["--strategy", "ZERO4"],
             2,
-            "argument --strategy: 'ZERO4': choose from FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD",
+            "argument --strategy: 'ZERO4': choose from "
+            "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD",
         ),
         (["--strategy", "full_shard,ZERO4"], 4, "argument --strategy: 'ZERO4': choose from"),
         (

@@ -87,11 +87,11 @@ def test_notebook_makes_this_launch():
     assert len(launching) == 1, "the notebook should launch the script once"
     head, call = launching[0].split("m = run_lesson(")
     scope: dict = {}
-    exec(head, scope)  # noqa: S102 - the course's own notebook
+    exec(head, scope)  # the course's own notebook
     assert scope["VARIANTS"] == VARIANTS
     assert " ".join(call.split()).startswith(
-        '2, "--wrap", "none,transformer,size,size:20000,custom", "--steps", "2", "--log-every", "10", '
-        '"--variants", VARIANTS, nproc=NPROC)'
+        '2, "--wrap", "none,transformer,size,size:20000,custom", '
+        '"--steps", "2", "--log-every", "10", "--variants", VARIANTS, nproc=NPROC)'
     )
     assert "NPROC = 2" in "".join(cells)
 

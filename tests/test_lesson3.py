@@ -344,9 +344,8 @@ def test_planned_runs_skip_combinations_that_show_nothing():
         ("fsdp1", (2, 2, 2), True, "no-sync-last"),
         ("fsdp1", (2, 2, 2), False, "none"),
     ]
-    assert plan("on", "none", "2") == [
-        ("fsdp1", (2, 2, 2), True, "none")
-    ]  # 2 = --batch-size: not short
+    # 2 = --batch-size: not short
+    assert plan("on", "none", "2") == [("fsdp1", (2, 2, 2), True, "none")]
     with pytest.raises(CourseError, match="short last micro-batch runs with --no-sync on"):
         plan("off", "none", "1")
 
@@ -410,9 +409,8 @@ def test_variants_run_after_the_command_line_and_bad_ones_are_one_line(capsys):
         (2, "fsdp1", (2, 2, 2, 1), True, "none"),
         (2, "fsdp2", (2, 2, 2, 1), True, "none"),
     ]
-    variant = plan[-1][
-        0
-    ]  # typed like the command line's flags; the list flags it leaves are inherited
+    # typed like the command line's flags; the list flags it leaves are inherited
+    variant = plan[-1][0]
     assert (
         variant.api,
         variant.accum,

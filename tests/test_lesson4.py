@@ -65,7 +65,8 @@ def test_torch_save_writes_a_full_copy_with_classic_fsdp_and_a_part_with_fsdp2(m
     # classic: the default FULL_STATE_DICT all-gathered every unit, every rank wrote the model ...
     assert [r["model bytes held"] for r in classic] == [full_bytes, full_bytes]
     assert all(r["collectives"]["all_gather"]["calls"] > 0 for r in classic)
-    # ... but only its shard of the optimizer state, keyed by flat parameter, which plain AdamW refuses
+    # ... but only its shard of the optimizer state, keyed by flat parameter,
+    # which plain AdamW refuses
     assert classic[0]["optim_keys"] == [0, 1, 2]
     loads = {row["what"].split(".")[0]: row for row in pitfall["classic_loads"]}
     assert loads["plain GPT"]["ok"] and not loads["plain AdamW"]["ok"]
@@ -163,6 +164,7 @@ def test_load_on_3_ranks_what_2_saved(main):
 
 
 def test_rank0_only_state_dict_fails_in_bounded_time():
+    # the notebook's launch
     run, _ = launch(
         4,
         "--bug",
@@ -172,7 +174,7 @@ def test_rank0_only_state_dict_fails_in_bounded_time():
         "--ckpt-dir",
         WORK / "hang",
         env={"COURSE_TIMEOUT_S": "2"},
-    )  # the notebook's launch
+    )
     assert run.returncode != 0
     assert "Timed out" in run.stdout and "COURSE_TIMEOUT_S=2" in run.stdout
     assert "Traceback" not in run.stdout
@@ -206,9 +208,8 @@ def test_killed_save_leaves_previous_checkpoint_loadable(main_run):
     run, metrics = main_run
     found = results(run, metrics)
     assert "simulated crash while saving .tmp-step_000008" in run.stdout
-    assert (
-        found["restart_count"] == 1 and found["resumed_from"] == 4
-    )  # the previous, complete checkpoint
+    # the previous, complete checkpoint
+    assert found["restart_count"] == 1 and found["resumed_from"] == 4
     assert found["partial_found"] == [
         {"dir": ".tmp-step_000008", "files": ["__0_0.distcp", "__1_0.distcp"]}
     ]
@@ -216,10 +217,8 @@ def test_killed_save_leaves_previous_checkpoint_loadable(main_run):
     # notebook gives no MAX_RESTARTS; the next test removes it from the environment to be sure)
     assert "--max-restarts=1 " in run.stdout
     assert found["equal_restored"]["equal"] and found["equal_uninterrupted"]["equal"]
-    assert [p.name for p in partial(RUN) + published(RUN)] == [
-        "step_000004",
-        "step_000008",
-    ]  # no .tmp left
+    # no .tmp left
+    assert [p.name for p in partial(RUN) + published(RUN)] == ["step_000004", "step_000008"]
     assert [row["step"] for row in metrics["history"]] == [4, 5, 6, 7]  # the second attempt's steps
 
 
@@ -314,9 +313,8 @@ def _functions(path: Path):
 
 @pytest.mark.slow
 def test_exercise_passes_the_solution(tmp_path):
-    save, load = _functions(
-        REPO / "solutions" / "lesson4_dcp_save_load.py"
-    )  # the notebook's launch
+    # the notebook's launch
+    save, load = _functions(REPO / "solutions" / "lesson4_dcp_save_load.py")
     passed, message = check_dcp_save_load(save, load=load)
     assert passed, message
 
@@ -333,14 +331,18 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 def save(path, model, optimizer):
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd, "rng": torch.get_rng_state()}, checkpoint_id=path)
+    dcp.save(
+        {"model": model_sd, "optim": optim_sd, "rng": torch.get_rng_state()}, checkpoint_id=path
+    )
 
 
 def load(path, model, optimizer):
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd, "rng": torch.get_rng_state()}
     dcp.load(state, checkpoint_id=path)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
     torch.set_rng_state(state["rng"])
 """)
     passed, message = check_dcp_save_load(*_functions(module))
@@ -353,7 +355,10 @@ def test_quiz_open_question_graded_in_english_and_chinese():
         "Each rank only holds its own shard, so a full state dict needs an all-gather "
         "collective on every rank, and the optimizer state is sharded too."
     )
-    right_zh = "每个 rank 只有自己的分片，完整 state dict 需要所有 rank 做 all-gather，优化器状态也是分片的。"
+    right_zh = (
+        "每个 rank 只有自己的分片，完整 state dict 需要所有 rank 做 all-gather，"
+        "优化器状态也是分片的。"
+    )
     for answer, lang in ((right_en, "en"), (right_zh, "zh")):
         r = quizzes.grade("lesson4", "q_why_not_torch_save", answer, lang)
         assert r.correct, r.feedback

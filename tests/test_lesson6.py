@@ -73,9 +73,8 @@ def test_init_bug_differs_and_every_fix_matches(main_run):
     )
     # The detector sees the bug before wrapping, and nothing after (all-gathered = identical).
     assert len(bug["before_wrap"]["differ"]) == 11 and bug["after_wrap"]["differ"] == []
-    assert (
-        bug["before_wrap"]["bytes"] == 2 * 16 * bug["before_wrap"]["checked"]
-    )  # 2 float64 per tensor per rank
+    # 2 float64 per tensor per rank
+    assert bug["before_wrap"]["bytes"] == 2 * 16 * bug["before_wrap"]["checked"]
     sources = {run["from"] for row in bug["origins"] for run in row["runs"]}
     assert sources == {"rank 0", "rank 1", "all"}, sources  # the gathered model mixes both inits
     split = [
@@ -206,9 +205,8 @@ def test_precision_dtypes_bytes_and_errors(main_run):
         dtypes = [theory_dtype(s) for s in spec]
         api = label.split(":")[0]
         expected = theory.collective_bytes(SHAPES, 2, dtypes[0], dtypes[1], api)
-        gathers = (
-            2 if label.endswith("+unit") else 1
-        )  # a non-root unit is gathered again in backward
+        # a non-root unit is gathered again in backward
+        gathers = 2 if label.endswith("+unit") else 1
         assert run["collectives"]["all_gather"]["bytes"] == gathers * expected["all_gather"], label
         assert run["collectives"]["reduce_scatter"]["bytes"] == expected["reduce_scatter"], label
         assert run["gathered_bytes"] == theory.gathered_bytes(SHAPES, dtypes[0]), label
@@ -417,7 +415,8 @@ def test_allreduce_batchnorm_converts_and_keeps_state():
 
 
 def test_notebook_exercise_cell_is_the_mystery_loop(repo_root):
-    """The checker tells 'not attempted' by comparing the cell with mystery_loop.py: keep them equal."""
+    """The checker tells 'not attempted' by comparing the cell with mystery_loop.py, so the two
+    must stay equal."""
     import nbformat
 
     nb = nbformat.read(

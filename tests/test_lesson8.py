@@ -64,7 +64,8 @@ def two_nodes():
     )
 
 
-def node_fault():  # the notebook's opt-in cell (RUN_NODE_FAULT); one rank per node: a restart starts all again
+# the notebook's opt-in cell (RUN_NODE_FAULT); one rank per node: a restart starts all again
+def node_fault():
     return jobs.shared(
         "node_fault",
         jobs.two_nodes,
@@ -235,22 +236,20 @@ def test_one_rank_out_of_memory_root_cause_names_the_rank_and_its_traceback():
     callstack = cause["error_file_json"]["message"]["extraInfo"]["py_callstack"]
     assert "self.fc(x)" in callstack and "08_troubleshooting/train.py" in callstack
     echo = {o["rank"].split()[0]: o["exception"] for o in cause["others"]}
-    assert re.search(
-        "Connection closed by peer|SIGTERM", echo["0"]
-    )  # rank 0: only an echo (or stopped first)
+    # rank 0: only an echo (or stopped first)
+    assert re.search("Connection closed by peer|SIGTERM", echo["0"])
 
 
 @pytest.mark.slow
 def test_oom_message_names_the_activation():
     line = next(
-        l
-        for l in crash()["output"].splitlines()
-        if "can't allocate memory" in l and "[rank 1]" in l
+        said
+        for said in crash()["output"].splitlines()
+        if "can't allocate memory" in said and "[rank 1]" in said
     )
     size = int(re.search(r"allocate (\d+) bytes", line).group(1))
-    assert (
-        size == 256 * 64 * 4 * 64 * 4
-    )  # rows x seq x 4 d_model x fp32: the MLP's hidden activation
+    # rows x seq x 4 d_model x fp32: the MLP's hidden activation
+    assert size == 256 * 64 * 4 * 64 * 4
 
 
 @pytest.mark.slow
@@ -286,12 +285,12 @@ def test_a_killed_node_restarts_from_the_checkpoint_and_ends_bitwise_equal():
     assert r["returncodes"] == [0, 0], r["outputs"]
     m = r["metrics"]["results"]
     assert m["nodes"] == [0, 1] and m["mesh"] == {"shape": [2, 1], "names": ["replicate", "shard"]}
-    # a shard dimension of size 1: no all-gather, no reduce-scatter; only the all-reduce, across the nodes
+    # a shard dimension of size 1: no all-gather, no reduce-scatter;
+    # only the all-reduce, across the nodes
     assert m["collectives"]["intra"] == {} and set(m["collectives"]["inter"]) == {"all_reduce"}
     assert m["restart_count"] == 1 and m["resumed_from"] == 4
-    assert max(m["restart_counts"]) == 1 and m["restart_counts"][1:] == [
-        1
-    ]  # node 1 (rank 1) was killed
+    # node 1 (rank 1) was killed
+    assert max(m["restart_counts"]) == 1 and m["restart_counts"][1:] == [1]
     assert m["bitwise"]["equal"] and m["bitwise"]["tensors"] > 0
     assert m["grad_check"]["max_abs_diff"] < 1e-6  # after the resume, from the loaded weights
 
@@ -300,16 +299,15 @@ def test_a_killed_node_restarts_from_the_checkpoint_and_ends_bitwise_equal():
 def test_tensor_parallel_times_fsdp_on_four_ranks():
     from course_lab.notebook import launch_lesson
 
-    run = launch_lesson(
-        8, "--tp", "2", "--steps", "1", nproc=4, timeout=300
-    )  # the notebook's opt-in cell
+    # the notebook's opt-in cell
+    run = launch_lesson(8, "--tp", "2", "--steps", "1", nproc=4, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:]
     m = run.metrics["results"]
     assert m["mesh"] == {"shape": [2, 2], "names": ["dp", "tp"]}
     g = m["grad_check"]
     assert g["max_abs_diff"] < 1e-6 and abs(g["loss"] - g["reference_loss"]) < 1e-5
     placements = {p["name"]: p["placements"] for p in m["placements"]}
-    # docs/ecosystem.md: FSDP's Shard(0) is strided only where TP sharded the same dim (column-wise fc)
+    # docs/ecosystem.md: FSDP's Shard(0) is strided only where TP sharded that dim (column-wise fc)
     assert placements["blocks.0.mlp.fc.weight"] == "_S(0, 2), S(0)"
     assert placements["blocks.0.mlp.proj.weight"] == "S(0), S(1)"  # row-wise: TP's Shard(1)
     assert placements["blocks.0.attn.qkv.weight"] == "S(0)"  # attention is not TP-split

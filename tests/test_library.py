@@ -53,7 +53,8 @@ SCRIPT = textwrap.dedent(f"""
             if env.rank == 0:
                 dist.all_reduce(__import__("torch").ones(1))  # rank 1 never joins
             else:
-                __import__("time").sleep(1)  # then waits in the final barrier: rank 0 times out first
+                # then waits in the final barrier: rank 0 times out first
+                __import__("time").sleep(1)
         env.print0("finished")
 """)
 
@@ -103,7 +104,7 @@ def test_clean_run_exits_0_without_abort(tmp_path):
 def test_course_error_is_one_line_and_exit_2(tmp_path):
     proc = torchrun(tmp_path, "course-error")
     assert proc.returncode == 2
-    assert [l for l in proc.stderr.splitlines() if l.startswith("error:")] == [
+    assert [line for line in proc.stderr.splitlines() if line.startswith("error:")] == [
         "error: checkpoint was written by another model"
     ]
     assert "Traceback" not in proc.stderr
@@ -112,7 +113,7 @@ def test_course_error_is_one_line_and_exit_2(tmp_path):
 def test_unexpected_exception_is_one_line_per_rank_and_exit_1(tmp_path):
     proc = torchrun(tmp_path, "bug")
     assert proc.returncode == 1
-    errors = sorted(l for l in proc.stderr.splitlines() if "error: ValueError" in l)
+    errors = sorted(line for line in proc.stderr.splitlines() if "error: ValueError" in line)
     assert errors == [
         "[rank 0] error: ValueError: something broke",
         "[rank 1] error: ValueError: something broke",
@@ -139,7 +140,9 @@ def test_ranks_writing_at_once_write_whole_lines(tmp_path):
     broken = unexpected_lines(proc.stderr, whole)
     assert not broken, f"lines broken by another rank's write: {broken[:4]}"
     for rank in range(RACE_RANKS):
-        said = [l for l in proc.stderr.splitlines() if l.startswith(f"[rank {rank}] line ")]
+        said = [
+            line for line in proc.stderr.splitlines() if line.startswith(f"[rank {rank}] line ")
+        ]
         assert said == [
             f"[rank {rank}] line {i}, said while the other ranks talk too"
             for i in range(RACE_LINES)
@@ -194,10 +197,11 @@ def test_bad_timeout_setting_is_refused(tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.splitlines()
     assert lines[0] == "COURSE_TIMEOUT_S must be a positive number of seconds, got 'soon'"
+    # said once, by rank 0
     assert lines[1:] == [
         "torchrun: rank 0 exited with code 2; its message is above "
         "(COURSE_DEBUG=1 shows the agent's report)"
-    ]  # said once, by rank 0
+    ]
 
 
 def test_a_killed_rank_is_named_not_the_peer_that_lost_it(tmp_path):
@@ -510,9 +514,8 @@ def test_plan_runs_labels_the_command_line_and_each_variant():
     )
     assert all(config.variants is None for config, _ in plan[1:])
     assert [c.steps for c, _ in plan_runs(cfg, with_base=False)] == [3, 5]  # the variants only
-    assert plan_runs(Config(), with_base=False) == [
-        (Config(), None)
-    ]  # no variants: the command line
+    # no variants: the command line
+    assert plan_runs(Config(), with_base=False) == [(Config(), None)]
     assert plan_runs(parse_config(Config, argv=["--variants", "data=none"]))[1][0].data is None
     for text, said in (
         ("warp=1", "--variants: no flag --warp"),

@@ -95,7 +95,8 @@ def test_twenty_concurrent_grade_record_keep_every_result(tmp_path, progress_fil
     assert len(recs) == n
     attempts = {qid: r["attempts"] for qid, r in recs.items()}
     print(
-        f"\n20 concurrent grade --record: attempts per question {sorted(set(attempts.values()))} (20 expected)"
+        "\n20 concurrent grade --record: attempts per question "
+        f"{sorted(set(attempts.values()))} (20 expected)"
     )
     assert set(attempts.values()) == {20}
     assert not list(progress_file.parent.glob("*.tmp"))
@@ -113,9 +114,8 @@ def test_killed_writer_leaves_a_temp_file_the_next_write_removes(progress_file):
     assert r.returncode == -signal.SIGKILL
     stale = list(progress_file.parent.glob(".progress.json.*.tmp"))
     assert len(stale) == 1
-    progress.record(
-        "lesson1", progress.Mark("q_no_shard", "correct", 1.0)
-    )  # the lock died with the writer
+    # the lock died with the writer
+    progress.record("lesson1", progress.Mark("q_no_shard", "correct", 1.0))
     assert not list(progress_file.parent.glob(".progress.json.*.tmp"))
     recs = json.loads(progress_file.read_text())["lessons"]["lesson1"]
     assert recs["q_zero_mapping"]["attempts"] == 1 and recs["q_no_shard"]["attempts"] == 1
@@ -165,9 +165,8 @@ def test_folder_at_the_progress_path(tmp_path, progress_file):
         progress_path=progress_file,
     )
     one_line_error(r, 1, "is a folder, not a file")
-    assert (
-        "[correct] q_zero_mapping" in r.stdout and "Total: 1 / " in r.stdout
-    )  # printed all the same
+    # printed all the same
+    assert "[correct] q_zero_mapping" in r.stdout and "Total: 1 / " in r.stdout
     assert progress_file.is_dir() and not list(progress_file.iterdir())  # left alone
     r = cli("progress", progress_path=progress_file)
     one_line_error(r, 0, "is a folder, not a file")
@@ -184,7 +183,8 @@ def _cannot_create(folder: Path) -> bool:
 
 
 def read_only_folder(tmp_path) -> Path:
-    """A folder this user cannot create files in: a 0o555 one, or (root writes anyway) /sys/kernel."""
+    """A folder this user cannot create files in: a 0o555 one,
+    or (root writes anyway) /sys/kernel."""
     folder = tmp_path / "ro"
     folder.mkdir()
     folder.chmod(stat.S_IRUSR | stat.S_IXUSR)
@@ -507,9 +507,8 @@ def test_self_marks_are_kept_apart_from_the_graders(progress_file):
     ) == (1, "self", True, False, 0.5)
     qids = ["q_full_vs_shard_grad_op", "q_zero_mapping"]
     assert progress.lesson_summary("lesson1", qids)["self_assessed"] == 1
-    progress.record(
-        "lesson1", progress.Mark("q_full_vs_shard_grad_op", "correct", 1.0)
-    )  # later graded correct
+    # later graded correct
+    progress.record("lesson1", progress.Mark("q_full_vs_shard_grad_op", "correct", 1.0))
     s = progress.lesson_summary("lesson1", qids)
     assert (s["correct"], s["self_assessed"]) == (1, 0)  # counted once, as the grader's
     r = cli("progress", progress_path=progress_file)
@@ -537,9 +536,8 @@ def test_progress_cli_shows_self_assessed_apart(progress_file):
     r = cli("progress", progress_path=progress_file)
     n = len(quizzes.load_bank("lesson1").graded())
     row = next(line for line in r.stdout.splitlines() if line.startswith("lesson1 "))
-    assert row.split()[:6] == ["lesson1", "2", "/", str(n), "1", "1"], (
-        row
-    )  # answered, correct, self-assessed
+    # answered, correct, self-assessed
+    assert row.split()[:6] == ["lesson1", "2", "/", str(n), "1", "1"], row
     assert "1.50" in row
 
 
