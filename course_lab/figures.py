@@ -6,8 +6,8 @@
 ``COLORS`` gives each memory category, collective and precision one colour, the same in every
 lesson (optimizer state is green wherever it is drawn). ``problems(fig)`` lists what makes a
 figure hard to read: two pieces of text on top of each other (titles, axis labels, tick labels,
-legends, annotations), a legend drawn over bars, or several series and no legend. The notebook tests run it on every figure
-a notebook shows (``install_checks``).
+legends, annotations), a legend drawn over bars, or several series and no legend. The notebook
+tests run it on every figure a notebook shows (``install_checks``).
 """
 
 from __future__ import annotations
@@ -17,19 +17,41 @@ from itertools import combinations
 # Matplotlib's tab10, assigned once for the whole course.
 COLORS = {
     # memory by category (lessons 0, 1, 5, 7)
-    "params": "#1f77b4", "grads": "#ff7f0e", "optimizer": "#2ca02c", "gathered": "#d62728",
-    "activations": "#9467bd", "grad buffers": "#8c564b", "temp": "#e377c2", "other": "#7f7f7f",
-    "buffers": "#bcbd22", "working": "#17becf",
+    "params": "#1f77b4",
+    "grads": "#ff7f0e",
+    "optimizer": "#2ca02c",
+    "gathered": "#d62728",
+    "activations": "#9467bd",
+    "grad buffers": "#8c564b",
+    "temp": "#e377c2",
+    "other": "#7f7f7f",
+    "buffers": "#bcbd22",
+    "working": "#17becf",
     # collectives (lessons 0 to 5, 8)
-    "all_gather": "#d62728", "reduce_scatter": "#ff7f0e", "all_reduce": "#1f77b4",
+    "all_gather": "#d62728",
+    "reduce_scatter": "#ff7f0e",
+    "all_reduce": "#1f77b4",
     "broadcast": "#17becf",
     # phases of a step (lessons 2, 7): light, so the collectives drawn over them stay readable
-    "forward": "#aec7e8", "backward": "#c5b0d5", "held": "#d9d9d9",
+    "forward": "#aec7e8",
+    "backward": "#c5b0d5",
+    "held": "#d9d9d9",
     # measured against theory (every lesson): measured solid, theory dashed, both black-grey
-    "measured": "#1f77b4", "theory": "#7f7f7f", "planner": "#7f7f7f", "reference": "#000000",
+    "measured": "#1f77b4",
+    "theory": "#7f7f7f",
+    "planner": "#7f7f7f",
+    "reference": "#000000",
 }
-MEMORY_CATEGORIES = ["params", "grads", "optimizer", "gathered", "grad buffers", "activations",
-                     "temp", "other"]
+MEMORY_CATEGORIES = [
+    "params",
+    "grads",
+    "optimizer",
+    "gathered",
+    "grad buffers",
+    "activations",
+    "temp",
+    "other",
+]
 
 
 def color(name: str) -> str:
@@ -38,6 +60,7 @@ def color(name: str) -> str:
 
 
 # --- the check -----------------------------------------------------------------------------------
+
 
 def _texts(fig):
     """(what, Text) for every piece of text the figure draws."""
@@ -76,8 +99,11 @@ def _legends(fig):
 def _series(ax) -> int:
     """Data series drawn in data coordinates: lines of 2+ points, scatters, filled areas, bars
     (axvline/axhline and single markers are guides, not series)."""
-    lines = [line for line in ax.get_lines()
-             if len(line.get_xdata()) > 1 and line.get_transform() == ax.transData]
+    lines = [
+        line
+        for line in ax.get_lines()
+        if len(line.get_xdata()) > 1 and line.get_transform() == ax.transData
+    ]
     collections = [c for c in ax.collections if c.get_transform() == ax.transData]
     return len(lines) + len(collections) + len(ax.containers)
 
@@ -103,8 +129,12 @@ def problems(fig, tolerance_px: float = 1.0) -> list[str]:
     for what, legend in _legends(fig):  # a legend drawn over bars hides what they measure
         box = legend.get_window_extent(renderer)
         for ax in fig.axes:
-            covered = [bar for bar in ax.patches if bar.get_visible() and _overlap(
-                box, bar.get_window_extent(renderer)) > tolerance_px]
+            covered = [
+                bar
+                for bar in ax.patches
+                if bar.get_visible()
+                and _overlap(box, bar.get_window_extent(renderer)) > tolerance_px
+            ]
             if covered:
                 found.append(f"{what} covers {len(covered)} bar(s)")
                 break
@@ -130,6 +160,7 @@ def install_checks(report: list | None = None) -> None:
     """Check every figure before ``plt.show`` shows it (the notebook tests call this first):
     raise AssertionError for one that does not read, or append its problems to ``report``."""
     import matplotlib.pyplot as plt
+
     if getattr(plt.show, "_course_checked", False):
         return
     show = plt.show

@@ -8,6 +8,7 @@ Lessons are discovered from ``lessons/NN_topic/`` folders, so a new lesson appea
 Progress comes from the quizzes package's progress file (``$FSDP_COURSE_PROGRESS``, else
 ``~/.fsdp_course/progress.json``); nothing here writes to it.
 """
+
 from __future__ import annotations
 
 import html
@@ -26,7 +27,7 @@ LESSONS = REPO / "lessons"
 class Lesson:
     number: int
     folder: Path
-    notebook: Path | None      # None while the lesson's notebook is not written yet
+    notebook: Path | None  # None while the lesson's notebook is not written yet
     title: str
 
     @property
@@ -105,8 +106,16 @@ def rows(root: Path = LESSONS) -> list[dict]:
     out = []
     for les in lessons(root):
         p = quiz_progress(les.quiz)
-        out.append({"lesson": les.number, "title": short_title(les), "notebook": les.link,
-                    "launch": les.launch, "quiz": progress_text(p), "progress": p})
+        out.append(
+            {
+                "lesson": les.number,
+                "title": short_title(les),
+                "notebook": les.link,
+                "launch": les.launch,
+                "quiz": progress_text(p),
+                "progress": p,
+            }
+        )
     return out
 
 
@@ -117,7 +126,9 @@ def _plain(title: str) -> str:
 def _title_html(title: str) -> str:
     """`code` in a title as code, not as literal backticks."""
     parts = title.split("`")
-    return "".join(f"<code>{html.escape(t)}</code>" if i % 2 else html.escape(t) for i, t in enumerate(parts))
+    return "".join(
+        f"<code>{html.escape(t)}</code>" if i % 2 else html.escape(t) for i, t in enumerate(parts)
+    )
 
 
 def text() -> str:
@@ -126,8 +137,10 @@ def text() -> str:
     for r in rows():
         nb = f"lessons/{r['notebook']}" if r["notebook"] else "(notebook being written)"
         quiz = r["quiz"] or "no quiz yet"
-        lines.append(f"{r['lesson']}  {_plain(r['title'])}\n   notebook: {nb}\n"
-                     f"   run:      {r['launch']}\n   quiz:     {quiz}")
+        lines.append(
+            f"{r['lesson']}  {_plain(r['title'])}\n   notebook: {nb}\n"
+            f"   run:      {r['launch']}\n   quiz:     {quiz}"
+        )
     return "\n".join(lines)
 
 
@@ -142,21 +155,29 @@ def table_html(root: Path = LESSONS) -> str:
         else:
             nb = f"{_title_html(r['title'])} <i>(notebook being written)</i>"
         quiz = e(r["quiz"]) if r["quiz"] else "<i>no quiz yet</i>"
-        body.append(f"<tr><td>{r['lesson']}</td><td style='text-align:left'>{nb}</td>"
-                    f"<td style='text-align:left'><code>{e(r['launch'])}</code></td>"
-                    f"<td style='text-align:left;white-space:nowrap' class='course-home-quiz'>{quiz}</td></tr>")
-    head = ("<tr><th>#</th><th style='text-align:left'>lesson notebook</th>"
-            "<th style='text-align:left'>run it in a terminal (from the course folder)</th>"
-            "<th style='text-align:left'>your quiz progress</th></tr>")
+        body.append(
+            f"<tr><td>{r['lesson']}</td><td style='text-align:left'>{nb}</td>"
+            f"<td style='text-align:left'><code>{e(r['launch'])}</code></td>"
+            "<td style='text-align:left;white-space:nowrap' class='course-home-quiz'>"
+            f"{quiz}</td></tr>"
+        )
+    head = (
+        "<tr><th>#</th><th style='text-align:left'>lesson notebook</th>"
+        "<th style='text-align:left'>run it in a terminal (from the course folder)</th>"
+        "<th style='text-align:left'>your quiz progress</th></tr>"
+    )
     return f"<table class='course-home'>{head}{''.join(body)}</table>"
 
 
 def _note() -> str:
     from quizzes import progress
 
-    return (f"Progress file: {progress.progress_path()} (quiz language: {progress.get_setting('lang', 'en')}). "
-            "\"correct\": graded correct by the quiz; \"self-assessed\": open answers the grader could "
-            "not read whole, marked right by you against the key ideas.")
+    return (
+        f"Progress file: {progress.progress_path()} "
+        f"(quiz language: {progress.get_setting('lang', 'en')}). "
+        '"correct": graded correct by the quiz; "self-assessed": open answers the grader could '
+        "not read whole, marked right by you against the key ideas."
+    )
 
 
 WATCH_S = 2.0  # how often the shown table looks at the progress file (a stat, nothing more)
@@ -174,14 +195,16 @@ class Home:
         self.watching = watch
         self.stamp = widgets.HTML()
         self.stamp.add_class("course-home-stamp")
-        self.button = widgets.Button(description="Refresh progress", icon="refresh",
-                                     layout={"width": "auto"})
+        self.button = widgets.Button(
+            description="Refresh progress", icon="refresh", layout={"width": "auto"}
+        )
         self.button.add_class("course-home-refresh")
         self.button.on_click(lambda _b: self.refresh())
         self.table = widgets.Output()
         self.table.add_class("course-home-table")
-        self.root = widgets.VBox([widgets.HBox([self.button, self.stamp], layout={"align_items": "center"}),
-                                  self.table])
+        self.root = widgets.VBox(
+            [widgets.HBox([self.button, self.stamp], layout={"align_items": "center"}), self.table]
+        )
         self.refreshed = 0
         self._seen = None
         self._stop = threading.Event()
@@ -202,12 +225,22 @@ class Home:
     def refresh(self) -> None:
         self._seen = self._file_state()
         now = datetime.now().strftime("%H:%M:%S")
-        how = ("it updates by itself after a quiz" if self.watching
-               else "a snapshot: click Refresh after a quiz")
-        self.stamp.value = f"<span style='margin-left:8px'>Your progress as of {now} ({how}).</span>"
+        how = (
+            "it updates by itself after a quiz"
+            if self.watching
+            else "a snapshot: click Refresh after a quiz"
+        )
+        self.stamp.value = (
+            f"<span style='margin-left:8px'>Your progress as of {now} ({how}).</span>"
+        )
         page = table_html() + f"<p><small>{html.escape(_note())}</small></p>"
-        self.table.outputs = ({"output_type": "display_data", "metadata": {},
-                               "data": {"text/html": page, "text/plain": text()}},)
+        self.table.outputs = (
+            {
+                "output_type": "display_data",
+                "metadata": {},
+                "data": {"text/html": page, "text/plain": text()},
+            },
+        )
         self.refreshed += 1  # last: a reader that sees the count sees the table it counts
 
     def _watch(self) -> None:
@@ -215,7 +248,9 @@ class Home:
             if self._file_state() != self._seen:
                 try:
                     self.refresh()
-                except Exception:  # the kernel is going away: stop quietly, never a traceback in a cell
+                except (
+                    Exception
+                ):  # the kernel is going away: stop quietly, never a traceback in a cell
                     return
 
     def stop(self) -> None:

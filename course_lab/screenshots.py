@@ -33,15 +33,26 @@ from pathlib import Path
 
 from course_lab.notebook import REPO
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--disable-dev-shm-usage"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 ERROR_MARK = "Traceback (most recent call last)"
 
 
 def chromium() -> str | None:
-    for candidate in (os.environ.get("COURSE_CHROMIUM"), "/usr/bin/chromium",
-                      shutil.which("chromium"), shutil.which("chromium-browser")):
+    for candidate in (
+        os.environ.get("COURSE_CHROMIUM"),
+        "/usr/bin/chromium",
+        shutil.which("chromium"),
+        shutil.which("chromium-browser"),
+    ):
         if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     return None
@@ -71,44 +82,69 @@ def jupyterlab(folder: Path, env_extra: dict | None = None):
     root, settings = folder / "course", folder / "settings"
     # The notebooks copied (JupyterLab saves them); every other file a link to the repository's,
     # so a lesson module that finds its files through __file__ finds them where they are.
-    shutil.copytree(REPO / "lessons", root / "lessons",
-                    ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"),
-                    copy_function=_copy_notebook_link_the_rest)
+    shutil.copytree(
+        REPO / "lessons",
+        root / "lessons",
+        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"),
+        copy_function=_copy_notebook_link_the_rest,
+    )
     for entry in ("launch", "docs", "solutions", "quizzes"):  # what a notebook reads by path
         if (REPO / entry).exists():
             (root / entry).symlink_to(REPO / entry)
     notes = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
     notes.parent.mkdir(parents=True)
-    notes.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False,
-                                 "doNotDisturbMode": True}))
+    notes.write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False, "doNotDisturbMode": True})
+    )
     # Every cell in the page (JupyterLab 4 renders only the cells in view by default): the
     # figures and prompts of a whole notebook can then be found and photographed.
     tracker = settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
     tracker.parent.mkdir(parents=True)
     tracker.write_text(json.dumps({"windowingMode": "none"}))
     token = secrets.token_hex(16)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("LAB_IP", "LAB_OPEN_BROWSER", "JUPYTER_TOKEN", "JUPYTER_PASSWORD")}
-    env.update({"LAB_PORT": str(_free_port()), "LAB_TOKEN": token, "LAB_ROOT_DIR": str(root),
-                "PYTHON": sys.executable, "FSDP_COURSE_PROGRESS": str(folder / "progress.json"),
-                "JUPYTER_RUNTIME_DIR": str(folder / "runtime"),
-                "JUPYTER_CONFIG_DIR": str(folder / "config"), **(env_extra or {})})
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("LAB_IP", "LAB_OPEN_BROWSER", "JUPYTER_TOKEN", "JUPYTER_PASSWORD")
+    }
+    env.update(
+        {
+            "LAB_PORT": str(_free_port()),
+            "LAB_TOKEN": token,
+            "LAB_ROOT_DIR": str(root),
+            "PYTHON": sys.executable,
+            "FSDP_COURSE_PROGRESS": str(folder / "progress.json"),
+            "JUPYTER_RUNTIME_DIR": str(folder / "runtime"),
+            "JUPYTER_CONFIG_DIR": str(folder / "config"),
+            **(env_extra or {}),
+        }
+    )
     log_path = folder / "lab.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(["bash", str(REPO / "launch" / "lab.sh"),
-                                 f"--LabApp.user_settings_dir={settings}",
-                                 f"--LabApp.workspaces_dir={folder / 'workspaces'}",
-                                 "--ServerApp.port_retries=0"],
-                                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                "bash",
+                str(REPO / "launch" / "lab.sh"),
+                f"--LabApp.user_settings_dir={settings}",
+                f"--LabApp.workspaces_dir={folder / 'workspaces'}",
+                "--ServerApp.port_retries=0",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             base = None
             deadline = time.monotonic() + 120
             while base is None or not _ready(base, token):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("JupyterLab did not start:\n" + log_path.read_text()[-2000:])
-                found = re.search(r"http://127\.0\.0\.1:(\d+)/lab/tree/\S+\?token=" + token,
-                                  log_path.read_text(errors="replace"))
+                found = re.search(
+                    r"http://127\.0\.0\.1:(\d+)/lab/tree/\S+\?token=" + token,
+                    log_path.read_text(errors="replace"),
+                )
                 base = f"http://127.0.0.1:{found.group(1)}" if found else None
                 time.sleep(0.3)
             yield base, token
@@ -154,7 +190,9 @@ def wait_idle(page, timeout_ms: int) -> None:
                 .some(p => p.textContent.includes('*'));
             return ind.getAttribute('data-status') === 'idle' && text.endsWith('| Idle')
                    && !text.startsWith('No Kernel') && !busy;
-        }""", timeout=timeout_ms)
+        }""",
+        timeout=timeout_ms,
+    )
 
 
 def run_all(page) -> None:
@@ -167,9 +205,10 @@ def run_all(page) -> None:
         page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
         try:  # the first cell queued: wait_idle must not see the notebook before Run All began
             panel.locator(".jp-InputPrompt", has_text=re.compile(r"\[(\*|\d+)\]")).first.wait_for(
-                timeout=15_000)
+                timeout=15_000
+            )
             return
-        except Exception:  # noqa: BLE001, S112 - playwright's TimeoutError: nothing queued yet
+        except Exception:  # playwright's TimeoutError: nothing queued yet
             continue
 
 
@@ -181,10 +220,12 @@ def run_all_and_wait(page, timeout_ms: int = 600_000) -> dict:
     panel = page.locator(".jp-NotebookPanel:visible").first
     prompts = panel.locator(".jp-CodeCell .jp-InputPrompt").all_inner_texts()
     text = panel.locator(".jp-Notebook").first.inner_text()
-    return {"seconds": round(time.monotonic() - started, 1),
-            "code cells": len(prompts),
-            "not run": sum(1 for p in prompts if not re.search(r"\[\d+\]", p)),
-            "errors": text.count(ERROR_MARK)}
+    return {
+        "seconds": round(time.monotonic() - started, 1),
+        "code cells": len(prompts),
+        "not run": sum(1 for p in prompts if not re.search(r"\[\d+\]", p)),
+        "errors": text.count(ERROR_MARK),
+    }
 
 
 def lock_in_all(page) -> int:
@@ -225,8 +266,11 @@ def shoot(page, outdir: Path, stem: str) -> list[Path]:
     figures = [el for el in page.locator(".jp-OutputArea-output img").all() if el.is_visible()]
     for i, element in enumerate(figures):
         save(f"{stem}-figure-{i + 1}", element)
-    for name, selector in (("quiz", ".quiz-root"), ("launch", ".course-launch-log"),
-                           ("reveal", ".course-reveal")):
+    for name, selector in (
+        ("quiz", ".quiz-root"),
+        ("launch", ".course-launch-log"),
+        ("reveal", ".course-reveal"),
+    ):
         found = page.locator(selector).all()
         if found:
             save(f"{stem}-{name}", found[0])
@@ -234,11 +278,15 @@ def shoot(page, outdir: Path, stem: str) -> list[Path]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lab.screenshots", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lab.screenshots",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("outdir", type=Path)
-    parser.add_argument("--lessons", default=None,
-                        help="comma-separated lesson numbers (default: all)")
+    parser.add_argument(
+        "--lessons", default=None, help="comma-separated lesson numbers (default: all)"
+    )
     args = parser.parse_args(argv)
     try:
         lessons = None if args.lessons is None else {int(x) for x in args.lessons.split(",")}
@@ -246,31 +294,41 @@ def main(argv=None) -> int:
         parser.error(f"--lessons {args.lessons}: lesson numbers, e.g. 6,7")
     exe = chromium()
     if exe is None:
-        print("no Chromium: apt-get install chromium (or set COURSE_CHROMIUM=/path/to/chromium)",
-              file=sys.stderr)
+        print(
+            "no Chromium: apt-get install chromium (or set COURSE_CHROMIUM=/path/to/chromium)",
+            file=sys.stderr,
+        )
         return 2
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        print("the playwright package is missing: pip install playwright "
-              "(never `playwright install`: the system Chromium is used)", file=sys.stderr)
+        print(
+            "the playwright package is missing: pip install playwright "
+            "(never `playwright install`: the system Chromium is used)",
+            file=sys.stderr,
+        )
         return 2
     notebooks = lesson_notebooks(lessons)
     if not notebooks:
         parser.error(f"--lessons {args.lessons}: no such lesson")
     args.outdir.mkdir(parents=True, exist_ok=True)
     summary = []
-    with tempfile.TemporaryDirectory(prefix="course-screens-") as tmp, \
-            jupyterlab(Path(tmp)) as (base, token), sync_playwright() as pw:
+    with (
+        tempfile.TemporaryDirectory(prefix="course-screens-") as tmp,
+        jupyterlab(Path(tmp)) as (base, token),
+        sync_playwright() as pw,
+    ):
         browser = pw.chromium.launch(executable_path=exe, headless=True, args=CHROMIUM_ARGS)
         for nb in notebooks:
             relpath = nb.relative_to(REPO).as_posix()
             page = open_notebook(browser, base, token, relpath)
             result = run_all_and_wait(page)
             saved = shoot(page, args.outdir, f"lesson{int(nb.name[:2])}")
-            line = (f"{relpath}: Run All {result['seconds']} s, {result['code cells']} code cells, "
-                    f"{result['not run']} not run, {result['errors']} error outputs, "
-                    f"{len(saved)} screenshots")
+            line = (
+                f"{relpath}: Run All {result['seconds']} s, {result['code cells']} code cells, "
+                f"{result['not run']} not run, {result['errors']} error outputs, "
+                f"{len(saved)} screenshots"
+            )
             print(line, flush=True)
             summary.append(line)
             page.close()

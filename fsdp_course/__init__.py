@@ -14,10 +14,20 @@ import importlib
 # torch (``python -m fsdp_course.plan``, the quizzes) does not pay the seconds a torch import
 # costs by importing this package.
 _HOMES = {
-    "parse_config": "config", "TextData": "data", "load_data": "data", "DistEnv": "dist",
-    "distributed": "dist", "CommCounter": "measure", "GatheredParamTracker": "measure",
-    "activation_bytes": "measure", "state_bytes": "measure", "GPT": "model", "Block": "model",
-    "ModelConfig": "model", "MetricLogger": "report", "read_metrics": "report",
+    "parse_config": "config",
+    "TextData": "data",
+    "load_data": "data",
+    "DistEnv": "dist",
+    "distributed": "dist",
+    "CommCounter": "measure",
+    "GatheredParamTracker": "measure",
+    "activation_bytes": "measure",
+    "state_bytes": "measure",
+    "GPT": "model",
+    "Block": "model",
+    "ModelConfig": "model",
+    "MetricLogger": "report",
+    "read_metrics": "report",
     "write_metrics": "report",
 }
 __all__ = sorted(_HOMES)

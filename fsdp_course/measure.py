@@ -134,10 +134,15 @@ class CommCounter(TorchDispatchMode):
         the model's gradients lie inside them. By default (``gradient_as_bucket_view=False``)
         none do: the buckets are a second copy of every gradient, kept between steps."""
         grads = [p.grad for p in model.parameters() if p.grad is not None]
-        inside = sum(any(start <= g.data_ptr() < start + size for start, size in self.ddp_buckets)
-                     for g in grads)
-        return {"bytes": sum(size for _, size in self.ddp_buckets), "grads_inside": inside,
-                "grads": len(grads)}
+        inside = sum(
+            any(start <= g.data_ptr() < start + size for start, size in self.ddp_buckets)
+            for g in grads
+        )
+        return {
+            "bytes": sum(size for _, size in self.ddp_buckets),
+            "grads_inside": inside,
+            "grads": len(grads),
+        }
 
     def summary(self) -> dict:
         return {

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-from fsdp_course.measure import CommCounter, op_name, tensors_in, local_tensor, state_bytes
+from fsdp_course.measure import CommCounter, local_tensor, op_name, state_bytes, tensors_in
 
 # FSDPMemTracker's category names -> the course's words (the same as lesson 1's table).
 CATEGORIES = {

@@ -36,10 +36,13 @@ def policy_units(model: nn.Module, policy) -> list[tuple[str, nn.Module, int]]:
         total = sum(p.numel() for p in module.parameters())
         if not policy(module=module, recurse=True, nonwrapped_numel=total):
             return 0
-        taken = sum(visit(f"{name}.{child_name}" if name else child_name, child)
-                    for child_name, child in module.named_children())
-        if not only_children and policy(module=module, recurse=False,
-                                        nonwrapped_numel=total - taken):
+        taken = sum(
+            visit(f"{name}.{child_name}" if name else child_name, child)
+            for child_name, child in module.named_children()
+        )
+        if not only_children and policy(
+            module=module, recurse=False, nonwrapped_numel=total - taken
+        ):
             units.append((name, module, total - taken))
             return total
         return taken
@@ -60,8 +63,10 @@ def forward_order(model: nn.Module, units: list[tuple[str, nn.Module, int]]) -> 
     """Numels of the units, root first, the others in the order the forward pass runs them,
     found by running the model once on a tiny input with forward hooks."""
     order: list[str] = []
-    hooks = [module.register_forward_pre_hook(lambda m, args, name=name: order.append(name))
-             for name, module, _ in units[1:]]
+    hooks = [
+        module.register_forward_pre_hook(lambda m, args, name=name: order.append(name))
+        for name, module, _ in units[1:]
+    ]
     try:
         with torch.no_grad():
             model(torch.zeros(1, 2, dtype=torch.long))
@@ -88,8 +93,13 @@ def fsdp_units(model: nn.Module, world_size: int, param_bytes: int = 4) -> list[
     rank's shard, padding included)."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    return [{"unit": unit_name(path), "wraps": type(module.module).__name__,
-             "numel": module._handle.flat_param._unpadded_unsharded_size.numel(),
-             "gathered_bytes": module._handle.flat_param.numel() * world_size * param_bytes}
-            for path, module in model.named_modules()
-            if isinstance(module, FSDP) and module._handle is not None]
+    return [
+        {
+            "unit": unit_name(path),
+            "wraps": type(module.module).__name__,
+            "numel": module._handle.flat_param._unpadded_unsharded_size.numel(),
+            "gathered_bytes": module._handle.flat_param.numel() * world_size * param_bytes,
+        }
+        for path, module in model.named_modules()
+        if isinstance(module, FSDP) and module._handle is not None
+    ]

@@ -1,4 +1,5 @@
 """python -m quizzes ... (see cli.py)."""
+
 import sys
 
 from .cli import main

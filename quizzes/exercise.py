@@ -14,11 +14,12 @@ The notebook must run top to bottom even while exercises are untouched, so nothi
 for the learner's own mistakes: an untouched exercise says "not attempted yet", an exception in
 the learner's code is one FAIL line, not a traceback wall.
 """
+
 from __future__ import annotations
 
 import sys
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 from . import progress
 from .bank import QuizError, load_bank, normalise_lesson
@@ -31,9 +32,11 @@ _CHECKERS: dict[tuple[str, str], Callable] = {}
 def exercise(lesson, qid: str):
     """Register the decorated function as the checker of code exercise ``qid`` of ``lesson``.
     The function itself is returned unchanged (tests may call it directly)."""
+
     def register(checker: Callable) -> Callable:
         _CHECKERS[(normalise_lesson(lesson), qid)] = checker
         return checker
+
     return register
 
 
@@ -42,8 +45,10 @@ def registered_checker(lesson, qid: str) -> Callable:
     try:
         return _CHECKERS[key]
     except KeyError:
-        raise QuizError(f"no checker is registered for {key[0]} {qid}: import the module that "
-                        "defines it (the lesson's exercise checkers) before grading") from None
+        raise QuizError(
+            f"no checker is registered for {key[0]} {qid}: import the module that "
+            "defines it (the lesson's exercise checkers) before grading"
+        ) from None
 
 
 def _one_line(exc: BaseException) -> str:
@@ -54,7 +59,9 @@ def _one_line(exc: BaseException) -> str:
 def _raised_in(fn, exc: BaseException) -> bool:
     """Did the exception pass through the learner's function (rather than the checker's code)?"""
     code = getattr(fn, "__code__", None)
-    return code is not None and any(f.f_code is code for f, _ in traceback.walk_tb(exc.__traceback__))
+    return code is not None and any(
+        f.f_code is code for f, _ in traceback.walk_tb(exc.__traceback__)
+    )
 
 
 def check_exercise(lesson, qid: str, learner_fn, **context) -> Result:
@@ -63,13 +70,17 @@ def check_exercise(lesson, qid: str, learner_fn, **context) -> Result:
     bank = load_bank(lesson)
     q = bank.question(qid)
     if q.type != "code":
-        raise QuizError(f"{qid} is a {q.type} question, not a code exercise: use quizzes.grade(...)")
+        raise QuizError(
+            f"{qid} is a {q.type} question, not a code exercise: use quizzes.grade(...)"
+        )
     checker = registered_checker(bank.lesson, qid)
     try:
         outcome = checker(learner_fn, **context)
     except NotImplementedError as exc:
-        how = str(exc).strip() or ("replace the `raise NotImplementedError` in the exercise "
-                                   "cell with your code, then run this cell again")
+        how = str(exc).strip() or (
+            "replace the `raise NotImplementedError` in the exercise "
+            "cell with your code, then run this cell again"
+        )
         message = f"not attempted yet: {qid} ({how})"
         print(message)
         return Result(False, 0.0, message, {}, bank.lesson, qid, attempted=False, printed=True)
@@ -78,14 +89,18 @@ def check_exercise(lesson, qid: str, learner_fn, **context) -> Result:
         passed, message = False, f"{who} {_one_line(exc)}"
     else:
         if not (isinstance(outcome, tuple) and len(outcome) == 2):
-            raise QuizError(f"checker {checker.__module__}.{checker.__name__} must return "
-                            f"(passed, message), got {outcome!r}")
+            raise QuizError(
+                f"checker {checker.__module__}.{checker.__name__} must return "
+                f"(passed, message), got {outcome!r}"
+            )
         passed, message = bool(outcome[0]), str(outcome[1])
     line = f"{'PASS' if passed else 'FAIL'} {qid}: {message}"
     print(line)
-    saved = progress.record(bank.lesson, progress.Mark(qid, "correct" if passed else "wrong",
-                                                       1.0 if passed else 0.0))
+    saved = progress.record(
+        bank.lesson, progress.Mark(qid, "correct" if passed else "wrong", 1.0 if passed else 0.0)
+    )
     if not saved.ok:  # the verdict above stands; say once why it is not kept
         print(f"quizzes: {saved.line()}", file=sys.stderr)
-    return Result(passed, 1.0 if passed else 0.0, line, {"message": message}, bank.lesson, qid,
-                  printed=True)
+    return Result(
+        passed, 1.0 if passed else 0.0, line, {"message": message}, bank.lesson, qid, printed=True
+    )

@@ -7,6 +7,7 @@ The grader's feedback starts with its verdict phrase ("Correct.", "不太对。"
 apart here, so that phrase is taken off the feedback, and so is an explanation's own opening that
 says it again ("Right: ...", "正确：...") after a right answer.
 """
+
 from __future__ import annotations
 
 import re
@@ -23,10 +24,14 @@ LOOKS = {
     "self_wrong": ("badge_self_wrong", "✘", "#3e1f79", "#fbefff"),
 }
 _HEADS = ("correct", "wrong", "partly", "unsure")
-# A verdict said as the first words of a sentence ("Not quite: the answer ..."), which the badge says.
-_SAYS_VERDICT = re.compile(r"^(correct|not quite|unsure|正确|不太对|无法判定)\s*[:：]\s*", re.IGNORECASE)
+# A verdict the badge already says, as the first words of a sentence ("Not quite: the answer ...").
+_SAYS_VERDICT = re.compile(
+    r"^(correct|not quite|unsure|正确|不太对|无法判定)\s*[:：]\s*", re.IGNORECASE
+)
 # An explanation that opens by saying "right" again, after a right answer.
-_SAYS_RIGHT = re.compile(r"^\s*(right|correct|yes)\s*[:.,—-]\s*|^\s*(正确|对|没错)\s*[：:。，,]\s*", re.IGNORECASE)
+_SAYS_RIGHT = re.compile(
+    r"^\s*(right|correct|yes)\s*[:.,—-]\s*|^\s*(正确|对|没错)\s*[：:。，,]\s*", re.IGNORECASE
+)
 
 
 def look(result) -> str:
@@ -42,12 +47,12 @@ def body(result, lang: str) -> str:
     heads = sorted((MESSAGES[k][lang] for k in _HEADS if k in MESSAGES), key=len, reverse=True)
     for head in heads:
         if text.startswith(head):
-            text = text[len(head):].lstrip()
+            text = text[len(head) :].lstrip()
             break
     else:
         said = _SAYS_VERDICT.match(text)
         if said:
-            text = text[said.end():]
+            text = text[said.end() :]
             text = text[:1].upper() + text[1:]
     if result.verdict == "correct":
         text = _SAYS_RIGHT.sub("", text, count=1)
@@ -70,11 +75,17 @@ def unsure_parts(result, lang: str) -> dict:
     d = result.details or {}
     checklist = list(d.get("checklist") or [])
     found = list(d.get("found_labels") or [])
-    missing = list(d["missing_labels"] if "missing_labels" in d else [x for x in checklist if x not in found])
-    return {"found": found, "missing": missing, "unread": list(d.get("unread") or []),
-            "false": [f for f in d.get("false") or [] if isinstance(f, dict)],
-            "checklist": checklist or found + missing,
-            "reference": d.get("reference") or ""}
+    missing = list(
+        d["missing_labels"] if "missing_labels" in d else [x for x in checklist if x not in found]
+    )
+    return {
+        "found": found,
+        "missing": missing,
+        "unread": list(d.get("unread") or []),
+        "false": [f for f in d.get("false") or [] if isinstance(f, dict)],
+        "checklist": checklist or found + missing,
+        "reference": d.get("reference") or "",
+    }
 
 
 def unsure_text(result, lang: str) -> str:
@@ -83,7 +94,10 @@ def unsure_text(result, lang: str) -> str:
     lines = [msg("unsure_why", lang)]
     if p["false"]:
         lines.append(msg("false_head", lang))
-        lines += ["- " + msg("ui_you_wrote", lang, quote=f["quote"], fix=f.get("fix", "")) for f in p["false"]]
+        lines += [
+            "- " + msg("ui_you_wrote", lang, quote=f["quote"], fix=f.get("fix", ""))
+            for f in p["false"]
+        ]
     lines.append(msg("ui_found", lang))
     lines += [f"- {x}" for x in p["found"]] or [f"- {msg('none', lang)}"]
     lines.append(msg("ui_missing", lang))

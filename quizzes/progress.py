@@ -17,6 +17,7 @@ Location: $FSDP_COURSE_PROGRESS, else ~/.fsdp_course/progress.json.
 - Anything that stops progress from being read or saved (a folder at the path, no permission)
   is a ProgressError: one line, and callers still show the results they could not record.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,8 +38,15 @@ GRADED_BY = ("grader", "self")
 VERSION = 1
 # Every key is optional; "verdict", "graded_by" and "self_correct" came later (a record without
 # them was graded by the grader, which is how a file from before them reads).
-RECORD_KEYS = {"attempts": int, "best_score": (int, float), "correct": bool, "last_answered": str,
-               "verdict": str, "graded_by": str, "self_correct": bool}
+RECORD_KEYS = {
+    "attempts": int,
+    "best_score": (int, float),
+    "correct": bool,
+    "last_answered": str,
+    "verdict": str,
+    "graded_by": str,
+    "self_correct": bool,
+}
 
 
 class ProgressError(QuizError):
@@ -85,11 +93,16 @@ def _shape_problem(data) -> str | None:
                 return f"{name}.{qid} is not a record"
             for key, kind in RECORD_KEYS.items():
                 value = rec.get(key)
-                if key in rec and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+                if key in rec and (
+                    not isinstance(value, kind) or (kind is int and isinstance(value, bool))
+                ):
                     return f"{name}.{qid}.{key} is {json.dumps(value)}, not a {key} value"
             for key, allowed in (("verdict", VERDICTS), ("graded_by", GRADED_BY)):
                 if key in rec and rec[key] not in allowed:
-                    return f"{name}.{qid}.{key} is {json.dumps(rec[key])}, not one of {', '.join(allowed)}"
+                    return (
+                        f"{name}.{qid}.{key} is {json.dumps(rec[key])}, "
+                        f"not one of {', '.join(allowed)}"
+                    )
     return None
 
 
@@ -103,16 +116,23 @@ def _move_aside(path: Path, reason: str) -> Path:
     try:
         os.replace(path, target)
     except OSError as exc:
-        raise ProgressError(f"progress file {path} is unreadable ({reason}) and could not be moved "
-                            f"aside ({exc.strerror or exc}); fix or remove it") from None
-    _say(f"quizzes: progress file {path} was unreadable ({reason}); moved it to {target} and started fresh")
+        raise ProgressError(
+            f"progress file {path} is unreadable ({reason}) and could not be moved "
+            f"aside ({exc.strerror or exc}); fix or remove it"
+        ) from None
+    _say(
+        f"quizzes: progress file {path} was unreadable ({reason}); "
+        f"moved it to {target} and started fresh"
+    )
     return target
 
 
 def _read(path: Path) -> dict:
     """The progress data at `path` (caller holds the lock when it will write back)."""
     if path.is_dir():
-        raise ProgressError(f"progress path {path} is a folder, not a file; set {ENV} to a file path")
+        raise ProgressError(
+            f"progress path {path} is a folder, not a file; set {ENV} to a file path"
+        )
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -127,8 +147,10 @@ def _read(path: Path) -> dict:
     except (ValueError, RecursionError) as exc:
         problem = f"bad JSON: {str(exc)[:80]}"
     if not problem and data.get("version", VERSION) > VERSION:
-        raise ProgressError(f"progress file {path} was written by a newer version of the course "
-                            f"(version {data['version']}, this one reads {VERSION}); not reading or changing it")
+        raise ProgressError(
+            f"progress file {path} was written by a newer version of the course "
+            f"(version {data['version']}, this one reads {VERSION}); not reading or changing it"
+        )
     if problem:
         _move_aside(path, problem)
         return fresh()
@@ -137,8 +159,10 @@ def _read(path: Path) -> dict:
     data.setdefault("lessons", {})
     lang = data["settings"].get("lang")
     if lang is not None and lang not in LANGS:
-        _say_once(f"quizzes: progress file {path}: settings.lang {lang!r} is not a language of this "
-                  f"course ({', '.join(LANGS)}); ignoring it")
+        _say_once(
+            f"quizzes: progress file {path}: settings.lang {lang!r} is not a language of this "
+            f"course ({', '.join(LANGS)}); ignoring it"
+        )
         del data["settings"]["lang"]
     return data
 
@@ -164,7 +188,9 @@ def _locked(path: Path, create: bool = True):
         if not create:
             yield
             return
-        raise ProgressError(f"cannot save progress in {path.parent}: {exc.strerror or exc}") from None
+        raise ProgressError(
+            f"cannot save progress in {path.parent}: {exc.strerror or exc}"
+        ) from None
     try:
         _lock_fd(fd)
         yield
@@ -177,6 +203,7 @@ def _lock_fd(fd: int) -> None:
         import fcntl
     except ImportError:  # Windows: msvcrt locks a byte range; retry until the holder is done
         import msvcrt
+
         while True:
             try:
                 msvcrt.locking(fd, msvcrt.LK_LOCK, 1)
@@ -198,7 +225,9 @@ def _write(path: Path, data: dict) -> None:
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
-        raise ProgressError(f"cannot save progress in {path.parent}: {exc.strerror or exc}") from None
+        raise ProgressError(
+            f"cannot save progress in {path.parent}: {exc.strerror or exc}"
+        ) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f, ensure_ascii=False, indent=1, sort_keys=True)
@@ -231,6 +260,7 @@ class Mark:
     counts an attempt and keeps the best score. graded_by "self": the learner's own mark on their
     last answer, made against the key-idea checklist after an "unsure" (verdict correct or
     wrong); it counts no new attempt and leaves the machine's score alone."""
+
     qid: str
     verdict: str
     score: float = 0.0
@@ -239,9 +269,13 @@ class Mark:
     def __post_init__(self):
         if self.graded_by not in GRADED_BY:
             raise ValueError(f"graded_by must be one of {GRADED_BY}, got {self.graded_by!r}")
-        allowed = ("correct", "wrong") if self.graded_by == "self" else ("correct", "wrong", "unsure")
+        allowed = (
+            ("correct", "wrong") if self.graded_by == "self" else ("correct", "wrong", "unsure")
+        )
         if self.verdict not in allowed:
-            raise ValueError(f"a {self.graded_by} mark's verdict is one of {allowed}, got {self.verdict!r}")
+            raise ValueError(
+                f"a {self.graded_by} mark's verdict is one of {allowed}, got {self.verdict!r}"
+            )
 
     @classmethod
     def of(cls, qid: str, result) -> Mark:
@@ -252,6 +286,7 @@ class Mark:
 @dataclass
 class Saved:
     """What record() did: the question records as saved, or the one-line reason nothing was."""
+
     records: dict = field(default_factory=dict)
     problem: str | None = None  # ProgressError's text, English
 
@@ -265,8 +300,11 @@ class Saved:
 
 
 def _apply(data: dict, lesson: str, mark: Mark, when: str) -> dict:
-    rec = data["lessons"].setdefault(lesson, {}).setdefault(
-        mark.qid, {"attempts": 0, "best_score": 0.0, "correct": False})
+    rec = (
+        data["lessons"]
+        .setdefault(lesson, {})
+        .setdefault(mark.qid, {"attempts": 0, "best_score": 0.0, "correct": False})
+    )
     if mark.graded_by == "grader":
         rec["attempts"] = int(rec.get("attempts", 0)) + 1
         rec["best_score"] = max(float(rec.get("best_score", 0.0)), float(mark.score))
@@ -283,7 +321,9 @@ def record(lesson: str, *marks: Mark) -> Saved:
     """Record marks of one lesson in one locked write. Never raises for the file: a learner's
     result is shown whether or not it could be saved, so the caller shows Saved.line(lang)."""
     if not all(isinstance(m, Mark) for m in marks):
-        raise TypeError("progress.record(lesson, Mark(qid, verdict, score), ...): every result is a Mark")
+        raise TypeError(
+            "progress.record(lesson, Mark(qid, verdict, score), ...): every result is a Mark"
+        )
     when = datetime.now(timezone.utc).isoformat(timespec="seconds")
     try:
         data = update(lambda d: [_apply(d, lesson, m, when) for m in marks])
@@ -317,6 +357,10 @@ def lesson_summary(lesson: str, qids) -> dict:
     qids = list(qids)
     recs = _load_quietly()["lessons"].get(lesson, {})
     got = [recs[q] for q in qids if q in recs]
-    return {"answered": len(got), "correct": sum(1 for r in got if r.get("correct")),
-            "self_assessed": sum(1 for r in got if not r.get("correct") and r.get("self_correct")),
-            "score": sum(float(r.get("best_score", 0)) for r in got), "total": len(qids)}
+    return {
+        "answered": len(got),
+        "correct": sum(1 for r in got if r.get("correct")),
+        "self_assessed": sum(1 for r in got if not r.get("correct") and r.get("self_correct")),
+        "score": sum(float(r.get("best_score", 0)) for r in got),
+        "total": len(qids),
+    }

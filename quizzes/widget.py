@@ -12,6 +12,7 @@ CSS classes for tests and styling: quiz-root, quiz-lang, quiz-score (quiz-score-
 quiz-score-bottom), quiz-question, quiz-q-<id>, quiz-check, quiz-feedback, quiz-verdict-<look>,
 quiz-selfcheck, quiz-idea, quiz-self-right, quiz-self-wrong, quiz-self-status.
 """
+
 from __future__ import annotations
 
 import html
@@ -37,15 +38,19 @@ def _esc(text: str) -> str:
 
 def _badge(kind: str, lang: str) -> str:
     _, _, fg, bg = present.LOOKS[kind]
-    return (f"<span class='quiz-verdict quiz-verdict-{kind}' style='display:inline-block;"
-            f"padding:1px 10px;border-radius:10px;font-weight:600;color:{fg};background:{bg};"
-            f"border:1px solid {fg}'>{_esc(present.badge_text(kind, lang))}</span>")
+    return (
+        f"<span class='quiz-verdict quiz-verdict-{kind}' style='display:inline-block;"
+        f"padding:1px 10px;border-radius:10px;font-weight:600;color:{fg};background:{bg};"
+        f"border:1px solid {fg}'>{_esc(present.badge_text(kind, lang))}</span>"
+    )
 
 
 def _panel(kind: str, inner: str) -> str:
     _, _, fg, _ = present.LOOKS[kind]
-    return (f"<div style='border-left:4px solid {fg};padding:4px 0 4px 10px;margin:4px 0;"
-            f"max-width:60em'>{inner}</div>")
+    return (
+        f"<div style='border-left:4px solid {fg};padding:4px 0 4px 10px;margin:4px 0;"
+        f"max-width:60em'>{inner}</div>"
+    )
 
 
 def _text(text: str) -> str:
@@ -67,9 +72,11 @@ def _feedback(text: str) -> str:
 
 
 def _items(items, mark: str, colour: str) -> str:
-    return "".join(f"<div style='{TEXT_STYLE};padding-left:1.4em;text-indent:-1.4em'>"
-                   f"<span style='color:{colour};font-weight:600'>{mark}</span>&nbsp;{_esc(i)}</div>"
-                   for i in items)
+    return "".join(
+        f"<div style='{TEXT_STYLE};padding-left:1.4em;text-indent:-1.4em'>"
+        f"<span style='color:{colour};font-weight:600'>{mark}</span>&nbsp;{_esc(i)}</div>"
+        for i in items
+    )
 
 
 class QuestionBox:
@@ -80,19 +87,23 @@ class QuestionBox:
         self.prompt = widgets.HTML(layout={"width": "100%"})
         self.feedback = widgets.HTML(layout={"width": "100%"})
         self.feedback.add_class("quiz-feedback")
-        self.feedback_text = ""      # what the feedback says, as plain text (tests, logs)
-        self.correct = False         # graded correct at least once in this quiz
-        self.self_mark = None        # "correct" / "wrong": the learner's own mark after "unsure"
-        self.graded = None           # the answer last graded (re-graded on a language switch)
-        self.note = None             # ("pick_first",) or ("error", exc): shown instead of a result
-        self.save_problem = None     # why the last result could not be saved, if it could not
-        self.self_problem = None     # the same for the learner's own mark
+        self.feedback_text = ""  # what the feedback says, as plain text (tests, logs)
+        self.correct = False  # graded correct at least once in this quiz
+        self.self_mark = None  # "correct" / "wrong": the learner's own mark after "unsure"
+        self.graded = None  # the answer last graded (re-graded on a language switch)
+        self.note = None  # ("pick_first",) or ("error", exc): shown instead of a result
+        self.save_problem = None  # why the last result could not be saved, if it could not
+        self.self_problem = None  # the same for the learner's own mark
         children = [self.prompt]
         if q.type == "single":
-            self.input = widgets.RadioButtons(options=[], value=None, layout={"width": "max-content"})
+            self.input = widgets.RadioButtons(
+                options=[], value=None, layout={"width": "max-content"}
+            )
         elif q.type == "multi":
-            self.checks = [widgets.Checkbox(value=False, indent=False, layout={"width": "auto"})
-                           for _ in q.options]
+            self.checks = [
+                widgets.Checkbox(value=False, indent=False, layout={"width": "auto"})
+                for _ in q.options
+            ]
             self.input = widgets.VBox(self.checks)
         elif q.type == "numeric":
             self.input = widgets.Text(placeholder="")
@@ -102,7 +113,9 @@ class QuestionBox:
             self.input = widgets.HTML()
         self.input.add_class(f"quiz-input-{q.type}")
         self._relabelling = False
-        for choice in (self.checks if q.type == "multi" else [self.input] if q.type == "single" else []):
+        for choice in (
+            self.checks if q.type == "multi" else [self.input] if q.type == "single" else []
+        ):
             choice.observe(self._choice_changed, names="value")
         children.append(self.input)
         if q.type != "code":
@@ -133,32 +146,54 @@ class QuestionBox:
         self.self_status = widgets.HTML(layout={"width": "100%"})
         self.self_status.add_class("quiz-self-status")
         self.selfcheck = widgets.VBox(
-            [self.ideas_head, self.ideas,
-             widgets.HBox([self.self_right, self.self_wrong, self.self_hint],
-                          layout={"align_items": "center"}),
-             self.self_status],
-            layout={"display": "none", "width": "100%", "border_left": f"4px solid {present.LOOKS['unsure'][2]}",
-                    "padding": "0 0 6px 10px", "margin": "0 0 0 2px"})
+            [
+                self.ideas_head,
+                self.ideas,
+                widgets.HBox(
+                    [self.self_right, self.self_wrong, self.self_hint],
+                    layout={"align_items": "center"},
+                ),
+                self.self_status,
+            ],
+            layout={
+                "display": "none",
+                "width": "100%",
+                "border_left": f"4px solid {present.LOOKS['unsure'][2]}",
+                "padding": "0 0 6px 10px",
+                "margin": "0 0 0 2px",
+            },
+        )
         self.selfcheck.add_class("quiz-selfcheck")
 
     def _show_selfcheck(self, parts: dict, lang: str) -> None:
         labels = parts["checklist"]
-        if len(self.idea_checks) != len(labels):  # a new checklist: ticked where the grader found the idea
+        if len(self.idea_checks) != len(
+            labels
+        ):  # a new checklist: ticked where the grader found the idea
             self.idea_checks = []
             rows = []
             for label in labels:
-                cb = widgets.Checkbox(value=label not in parts["missing"], indent=False,
-                                      layout={"width": "28px", "flex": "0 0 28px"})
+                cb = widgets.Checkbox(
+                    value=label not in parts["missing"],
+                    indent=False,
+                    layout={"width": "28px", "flex": "0 0 28px"},
+                )
                 cb.add_class("quiz-idea")
                 cb.observe(lambda _c: self._update_self_buttons(), names="value")
                 self.idea_checks.append(cb)
-                rows.append(widgets.HBox([cb, widgets.HTML(layout={"width": "100%"})],
-                                         layout={"align_items": "flex-start"}))
+                rows.append(
+                    widgets.HBox(
+                        [cb, widgets.HTML(layout={"width": "100%"})],
+                        layout={"align_items": "flex-start"},
+                    )
+                )
             self.ideas.children = rows
         for row, label in zip(self.ideas.children, labels):
             row.children[1].value = f"<div style='{TEXT_STYLE}'>{_esc(label)}</div>"
-        self.ideas_head.value = (f"<div style='{TEXT_STYLE};margin-top:6px'><b>{_esc(msg('checklist_head', lang))}</b> "
-                                 f"{_esc(msg('checklist_rule', lang))}</div>")
+        self.ideas_head.value = (
+            f"<div style='{TEXT_STYLE};margin-top:6px'><b>{_esc(msg('checklist_head', lang))}</b> "
+            f"{_esc(msg('checklist_rule', lang))}</div>"
+        )
         self.self_right.description = msg("self_right", lang)
         self.self_wrong.description = msg("self_wrong", lang)
         self.self_right.layout.width = self.self_wrong.layout.width = "auto"
@@ -169,7 +204,9 @@ class QuestionBox:
     def _update_self_buttons(self) -> None:
         all_ticked = all(cb.value for cb in self.idea_checks)
         self.self_right.disabled = not all_ticked
-        self.self_hint.value = "" if all_ticked else f"<i>{_esc(msg('self_needs_all', self.quiz.lang))}</i>"
+        self.self_hint.value = (
+            "" if all_ticked else f"<i>{_esc(msg('self_needs_all', self.quiz.lang))}</i>"
+        )
 
     def _hide_selfcheck(self) -> None:
         if self.q.type == "open":
@@ -178,9 +215,11 @@ class QuestionBox:
             self.self_status.value = ""
 
     def mark_self(self, verdict: str) -> None:
-        """The learner's own mark on the answer the grader was unsure of: recorded as self-assessed."""
+        """The learner's own mark on an answer the grader was unsure of: saved as self-assessed."""
         self.self_mark = verdict
-        saved = progress.record(self.quiz.bank.lesson, progress.Mark(self.q.id, verdict, graded_by="self"))
+        saved = progress.record(
+            self.quiz.bank.lesson, progress.Mark(self.q.id, verdict, graded_by="self")
+        )
         self.self_problem = saved.problem
         self._show_self_status(self.quiz.lang)
         self.quiz.update_score()
@@ -192,20 +231,26 @@ class QuestionBox:
         line = msg("self_recorded", lang)
         if self.self_problem:
             line = progress.Saved(problem=self.self_problem).line(lang)
-        self.self_status.value = (f"<div style='margin-top:4px'>{_badge('self_' + self.self_mark, lang)} "
-                                  f"<span style='{TEXT_STYLE}'>{_esc(line)}</span></div>")
+        self.self_status.value = (
+            f"<div style='margin-top:4px'>{_badge('self_' + self.self_mark, lang)} "
+            f"<span style='{TEXT_STYLE}'>{_esc(line)}</span></div>"
+        )
 
     # --- rendering -------------------------------------------------------------------------------
 
     def render(self, lang: str, number: int | None, of: int) -> None:
         q = self.q
         if number is None:  # the code exercise: graded in its own cell, not part of the score
-            self.prompt.value = (f"<div style='{TEXT_STYLE}'><b>{_esc(msg('exercise_title', lang))}</b><br>"
-                                 f"{_esc(q.prompt[lang])}</div>")
+            self.prompt.value = (
+                f"<div style='{TEXT_STYLE}'><b>{_esc(msg('exercise_title', lang))}</b><br>"
+                f"{_esc(q.prompt[lang])}</div>"
+            )
         else:
-            self.prompt.value = (f"<div style='{TEXT_STYLE}'><span style='color:#57606a;font-size:90%'>"
-                                 f"{_esc(msg('question_n', lang, k=number, n=of))}</span><br>"
-                                 f"<b>{_esc(q.prompt[lang])}</b></div>")
+            self.prompt.value = (
+                f"<div style='{TEXT_STYLE}'><span style='color:#57606a;font-size:90%'>"
+                f"{_esc(msg('question_n', lang, k=number, n=of))}</span><br>"
+                f"<b>{_esc(q.prompt[lang])}</b></div>"
+            )
         if q.type == "single":
             keep = self.input.value  # changing the labels must not lose the learner's choice
             self._relabelling = True
@@ -229,7 +274,9 @@ class QuestionBox:
         if self.graded is not None:
             self._show(grade_question(self.q, self.graded, lang), lang, self.save_problem)
         elif self.note is not None:
-            self._say(self.note[0] == "pick_first" and msg("pick_first", lang) or say(self.note[1], lang))
+            self._say(
+                self.note[0] == "pick_first" and msg("pick_first", lang) or say(self.note[1], lang)
+            )
 
     def _say(self, text: str) -> None:
         self.feedback_text = text
@@ -242,21 +289,41 @@ class QuestionBox:
             parts = present.unsure_parts(result, lang)
             inner = [_badge(kind, lang), _text(msg("unsure_why", lang))]
             if parts["false"]:
-                inner.append(f"<div style='margin-top:6px'><b>{_esc(msg('false_head', lang))}</b></div>")
-                inner.append(_items([msg("ui_you_wrote", lang, quote=f["quote"], fix=f.get("fix", ""))
-                                     for f in parts["false"]], "✘", "#a40e26"))
+                inner.append(
+                    f"<div style='margin-top:6px'><b>{_esc(msg('false_head', lang))}</b></div>"
+                )
+                inner.append(
+                    _items(
+                        [
+                            msg("ui_you_wrote", lang, quote=f["quote"], fix=f.get("fix", ""))
+                            for f in parts["false"]
+                        ],
+                        "✘",
+                        "#a40e26",
+                    )
+                )
             inner.append(f"<div style='margin-top:6px'><b>{_esc(msg('ui_found', lang))}</b></div>")
             inner.append(_items(parts["found"] or [msg("none", lang)], "✔", "#116329"))
-            inner.append(f"<div style='margin-top:6px'><b>{_esc(msg('ui_missing', lang))}</b></div>")
+            inner.append(
+                f"<div style='margin-top:6px'><b>{_esc(msg('ui_missing', lang))}</b></div>"
+            )
             inner.append(_items(parts["missing"] or [msg("none", lang)], "○", "#57606a"))
             if parts["unread"]:
-                inner.append(f"<div style='margin-top:6px'><b>{_esc(msg('ui_unread', lang))}</b></div>")
-                inner.append(_items([present.quote(u, lang) for u in parts["unread"]], "?", "#0a3069"))
+                inner.append(
+                    f"<div style='margin-top:6px'><b>{_esc(msg('ui_unread', lang))}</b></div>"
+                )
+                inner.append(
+                    _items([present.quote(u, lang) for u in parts["unread"]], "?", "#0a3069")
+                )
             if parts["reference"]:
-                inner.append(f"<div style='margin-top:6px'><b>{_esc(msg('reference', lang))}</b></div>"
-                             f"<div style='{TEXT_STYLE};background:#f6f8fa;padding:4px 8px;"
-                             f"border-radius:4px'>{_esc(parts['reference'])}</div>")
-            self.feedback_text = "\n".join([present.badge_text(kind, lang), present.unsure_text(result, lang)])
+                inner.append(
+                    f"<div style='margin-top:6px'><b>{_esc(msg('reference', lang))}</b></div>"
+                    f"<div style='{TEXT_STYLE};background:#f6f8fa;padding:4px 8px;"
+                    f"border-radius:4px'>{_esc(parts['reference'])}</div>"
+                )
+            self.feedback_text = "\n".join(
+                [present.badge_text(kind, lang), present.unsure_text(result, lang)]
+            )
             self._show_selfcheck(parts, lang)
         else:
             text = present.body(result, lang)
@@ -265,7 +332,9 @@ class QuestionBox:
             self._hide_selfcheck()
         if problem:
             line = progress.Saved(problem=problem).line(lang)
-            inner.append(f"<div style='{TEXT_STYLE};color:#a40e26;margin-top:4px'>{_esc(line)}</div>")
+            inner.append(
+                f"<div style='{TEXT_STYLE};color:#a40e26;margin-top:4px'>{_esc(line)}</div>"
+            )
             self.feedback_text += "\n" + line
         self.feedback.value = _panel(kind, "".join(inner))
 
@@ -301,7 +370,8 @@ class QuestionBox:
             return
         self.graded, self.note = answer, None
         self.correct = self.correct or result.correct
-        self.self_mark, self.self_problem = None, None  # a new answer: the old self-mark was on another
+        # a new answer: the old self-mark was on another
+        self.self_mark, self.self_problem = None, None
         self.idea_checks = []
         self._show(result, lang)  # shown first: it must show even if saving fails
         self.quiz.update_score()
@@ -326,8 +396,11 @@ class Quiz:
         self.lang_toggle.add_class("quiz-lang")
         self.lang_toggle.observe(self._on_lang, names="value")
         self.boxes = [QuestionBox(self, q) for q in self.bank.questions]
-        self.root = widgets.VBox([self.title, self.lang_toggle, self.score_top]
-                                 + [b.box for b in self.boxes] + [self.score])
+        self.root = widgets.VBox(
+            [self.title, self.lang_toggle, self.score_top]
+            + [b.box for b in self.boxes]
+            + [self.score]
+        )
         self.root.add_class("quiz-root")
         self.render()
 
@@ -355,6 +428,7 @@ class Quiz:
         if not self._displayed:
             self._displayed = True
             from IPython.display import display
+
             display(self.root)
 
     def _on_lang(self, change) -> None:
@@ -362,7 +436,9 @@ class Quiz:
         try:
             progress.set_setting("lang", self.lang)  # remembered for the next quiz and the CLI
             self.notice = ""
-        except progress.ProgressError as exc:  # the quiz still switches; say once why it is not kept
+        except (
+            progress.ProgressError
+        ) as exc:  # the quiz still switches; say once why it is not kept
             self.notice = str(exc)
         self.render()
 

@@ -1,8 +1,14 @@
 import math
 
 
-def predict_model_state_bytes(unit_param_numels, world_size, strategy, replicas=1,
-                              mixed_precision=False, use_orig_params=False):
+def predict_model_state_bytes(
+    unit_param_numels,
+    world_size,
+    strategy,
+    replicas=1,
+    mixed_precision=False,
+    use_orig_params=False,
+):
     """Rank 0's bytes of parameters, gradients and Adam state with classic FSDP.
 
     Each unit's flat parameter is split over the shard group: all ranks, one (NO_SHARD, or a
@@ -37,5 +43,7 @@ def predict_model_state_bytes(unit_param_numels, world_size, strategy, replicas=
         group = world_size if shards == 1 else shards
         per_rank = math.ceil(offset / group) * group // shards
         stored += per_rank
-        held += sum(max(0, min(per_rank, start + numel) - start) for start, numel in zip(starts, numels))
+        held += sum(
+            max(0, min(per_rank, start + numel) - start) for start, numel in zip(starts, numels)
+        )
     return {"params": 4 * stored, "grads": 4 * stored, "optimizer": 2 * 4 * held}

@@ -1,4 +1,5 @@
 import torch.nn as nn
+
 from staged_lm import DecoderLayer
 
 LARGE = 200_000  # parameters: more than one DecoderLayer holds (198,272)

@@ -7,6 +7,7 @@ initial weights; fully_shard then kept each rank's own rows: a model no single p
 (Under DDP this never showed: DDP(model) broadcasts rank 0's weights.)
 Fixed: build the model from the same seed on every rank, then seed each rank its own way.
 """
+
 import random
 
 import torch
@@ -29,10 +30,10 @@ def seed_everything(seed, rank):
 
 
 def train(env, batches, steps, seed, inspect):
-    torch.manual_seed(seed)                    # the same initial weights on every rank
+    torch.manual_seed(seed)  # the same initial weights on every rank
     model = make_model().to(env.device)
-    inspect("before fully_shard", model)       # 0 tensors differ across ranks now
-    seed_everything(seed, env.rank)            # per-rank streams only after the model exists
+    inspect("before fully_shard", model)  # 0 tensors differ across ranks now
+    seed_everything(seed, env.rank)  # per-rank streams only after the model exists
     for layer in model.layers:
         fully_shard(layer)
     fully_shard(model)

@@ -12,6 +12,7 @@ Needs Debian's ``chromium`` (``apt-get install chromium``; .ci/run installs it w
 the ``playwright`` Python package; never ``playwright install``: the system Chromium is used.
 Without them the browser tests are skipped and say why (``pytest -ra``).
 """
+
 from __future__ import annotations
 
 import json
@@ -34,27 +35,44 @@ import pytest
 
 from helpers import REPO_ROOT
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--disable-dev-shm-usage"]
-WAIT_MS = 30_000          # Playwright's default of 5 s is too short for kernels and widgets
-DOCUMENT_TABS = ".lm-DockPanel-tabBar .lm-TabBar-tab"   # JupyterLab's tabs of open documents
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
+WAIT_MS = 30_000  # Playwright's default of 5 s is too short for kernels and widgets
+DOCUMENT_TABS = ".lm-DockPanel-tabBar .lm-TabBar-tab"  # JupyterLab's tabs of open documents
 CHECK_NB = "browser_check.ipynb"
 LESSON0 = "lessons/00_torchrun_ddp/00_torchrun_ddp.ipynb"
 # What JupyterLab shows instead of a widget when ipywidgets and its lab extension disagree
 # (or no widget manager is there at all).
-WIDGET_FAILURES = ["Error displaying widget", "Failed to load model class", "Loading widget...",
-                   "VBox(children=", "Error creating widget"]
+WIDGET_FAILURES = [
+    "Error displaying widget",
+    "Failed to load model class",
+    "Loading widget...",
+    "VBox(children=",
+    "Error creating widget",
+]
 
 
 # --- Chromium and Playwright ---------------------------------------------------------------------
+
 
 def chromium_path() -> str | None:
     """$COURSE_CHROMIUM when set (only it), else Debian's chromium."""
     if os.environ.get("COURSE_CHROMIUM"):
         candidates = [os.environ["COURSE_CHROMIUM"]]
     else:
-        candidates = ["/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")]
+        candidates = [
+            "/usr/bin/chromium",
+            shutil.which("chromium"),
+            shutil.which("chromium-browser"),
+        ]
     for candidate in candidates:
         if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
@@ -65,14 +83,18 @@ def chromium_path() -> str | None:
 def browser():
     exe = chromium_path()
     if exe is None:
-        pytest.skip(f"no Chromium at {os.environ.get('COURSE_CHROMIUM') or '/usr/bin/chromium'}: "
-                    "install Debian's package (apt-get install chromium; .ci/run does where it "
-                    "can) or set COURSE_CHROMIUM=/path/to/chromium")
+        pytest.skip(
+            f"no Chromium at {os.environ.get('COURSE_CHROMIUM') or '/usr/bin/chromium'}: "
+            "install Debian's package (apt-get install chromium; .ci/run does where it "
+            "can) or set COURSE_CHROMIUM=/path/to/chromium"
+        )
     try:
         from playwright.sync_api import expect, sync_playwright
     except ImportError:
-        pytest.skip("the playwright Python package is missing (pip install playwright; "
-                    "bash launch/setup.sh installs it). Do not run `playwright install`")
+        pytest.skip(
+            "the playwright Python package is missing (pip install playwright; "
+            "bash launch/setup.sh installs it). Do not run `playwright install`"
+        )
     expect.set_options(timeout=WAIT_MS)
     with sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=exe, headless=True, args=CHROMIUM_ARGS)
@@ -81,6 +103,7 @@ def browser():
 
 
 # --- JupyterLab through launch/lab.sh ------------------------------------------------------------
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -114,24 +137,40 @@ for strategy in theory.STRATEGIES[:3]:
     ax.plot(ranks, per_rank, "o-", label=strategy)
 ax.set_xlabel("ranks"); ax.set_ylabel("model state MiB / rank"); ax.legend()
 plt.tight_layout(); plt.show()"""
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(quiz),
-                                         nbformat.v4.new_code_cell(plot),
-                                         nbformat.v4.new_code_cell(UNSURE_CELL)])
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell(quiz),
+            nbformat.v4.new_code_cell(plot),
+            nbformat.v4.new_code_cell(UNSURE_CELL),
+        ]
+    )
     for cell, cid in zip(nb.cells, ["quiz", "plot", "unsure"]):
         cell.id = cid
-    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
-                                  "language": "python"}}
+    nb.metadata = {
+        "kernelspec": {
+            "name": "python3",
+            "display_name": "Python 3 (ipykernel)",
+            "language": "python",
+        }
+    }
     return nb
 
 
 # An "unsure" open result as grading's contract shapes it (found / missing / unread / false /
 # checklist / reference), for lesson 1's open question: what the learner sees, and the
 # self-assessment they click, do not depend on which answers today's grader is unsure of.
-UNSURE_LABELS = {"en": ["FULL_SHARD frees the gathered parameters after forward",
-                        "SHARD_GRAD_OP keeps them until backward",
-                        "SHARD_GRAD_OP uses more memory, FULL_SHARD less"],
-                 "zh": ["FULL_SHARD 在前向之后释放收集来的参数", "SHARD_GRAD_OP 保留参数直到反向",
-                        "SHARD_GRAD_OP 显存更多，FULL_SHARD 更少"]}
+UNSURE_LABELS = {
+    "en": [
+        "FULL_SHARD frees the gathered parameters after forward",
+        "SHARD_GRAD_OP keeps them until backward",
+        "SHARD_GRAD_OP uses more memory, FULL_SHARD less",
+    ],
+    "zh": [
+        "FULL_SHARD 在前向之后释放收集来的参数",
+        "SHARD_GRAD_OP 保留参数直到反向",
+        "SHARD_GRAD_OP 显存更多，FULL_SHARD 更少",
+    ],
+}
 UNSURE_CELL = f"""\
 import quizzes
 from quizzes import widget
@@ -148,7 +187,8 @@ def unsure(q, answer, lang="en"):
         "found": ["free"], "missing": ["keep", "memory"], "found_labels": LABELS[lang][:1],
         "missing_labels": LABELS[lang][1:], "unread": [answer.split(". ")[-1]],
         "false": [{{"quote": "FULL_SHARD keeps them",
-                    "fix": {{"en": "it frees them after forward", "zh": "它在前向之后释放参数"}}[lang]}}],
+                    "fix": {{"en": "it frees them after forward",
+                            "zh": "它在前向之后释放参数"}}[lang]}}],
         "checklist": LABELS[lang], "reference": q.secret["reference"][lang], "too_short": False}},
         verdict="unsure")
 
@@ -172,8 +212,9 @@ def write_settings(settings: Path) -> None:
     # The "get notified about official Jupyter news?" pop-up would cover part of the page.
     notes = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
     notes.parent.mkdir(parents=True, exist_ok=True)
-    notes.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False,
-                                 "doNotDisturbMode": True}))
+    notes.write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False, "doNotDisturbMode": True})
+    )
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -200,21 +241,29 @@ def lab(tmp_path_factory):
     env = dict(os.environ)
     for var in ("LAB_IP", "LAB_OPEN_BROWSER", "LAB_DRY_RUN", "JUPYTER_TOKEN", "JUPYTER_PASSWORD"):
         env.pop(var, None)
-    env.update({
-        "LAB_PORT": str(free_port()), "LAB_TOKEN": token, "LAB_ROOT_DIR": str(root),
-        "PYTHON": sys.executable,               # the test's interpreter; lab.sh skips setup.sh
-        "FSDP_COURSE_PROGRESS": str(progress),
-        "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
-        "JUPYTER_CONFIG_DIR": str(tmp / "config"),  # no personal jupyter config (passwords ...)
-    })
+    env.update(
+        {
+            "LAB_PORT": str(free_port()),
+            "LAB_TOKEN": token,
+            "LAB_ROOT_DIR": str(root),
+            "PYTHON": sys.executable,  # the test's interpreter; lab.sh skips setup.sh
+            "FSDP_COURSE_PROGRESS": str(progress),
+            "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
+            "JUPYTER_CONFIG_DIR": str(tmp / "config"),  # no personal jupyter config (passwords ...)
+        }
+    )
     log_path = tmp / "lab.log"
     log = open(log_path, "w")
-    cmd = ["bash", str(REPO_ROOT / "launch" / "lab.sh"),
-           f"--LabApp.user_settings_dir={settings}",
-           f"--LabApp.workspaces_dir={tmp / 'workspaces'}",
-           "--ServerApp.port_retries=0"]
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    cmd = [
+        "bash",
+        str(REPO_ROOT / "launch" / "lab.sh"),
+        f"--LabApp.user_settings_dir={settings}",
+        f"--LabApp.workspaces_dir={tmp / 'workspaces'}",
+        "--ServerApp.port_retries=0",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
     def log_tail() -> str:
         return "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-30:])
@@ -227,8 +276,10 @@ def lab(tmp_path_factory):
                 pytest.fail(f"launch/lab.sh exited with {proc.returncode}:\n{log_tail()}")
             if base is None:
                 # lab.sh prints the URL to open, token included: the port is read from it.
-                m = re.search(r"http://127\.0\.0\.1:(\d+)/lab/tree/(\S+)\?token=" + token,
-                              log_path.read_text(errors="replace"))
+                m = re.search(
+                    r"http://127\.0\.0\.1:(\d+)/lab/tree/(\S+)\?token=" + token,
+                    log_path.read_text(errors="replace"),
+                )
                 if m:
                     base, home = f"http://127.0.0.1:{m.group(1)}", m.group(2)
             if base is not None:
@@ -240,8 +291,17 @@ def lab(tmp_path_factory):
             time.sleep(0.3)
         else:
             pytest.fail(f"JupyterLab from launch/lab.sh not ready in 90 s:\n{log_tail()}")
-        yield SimpleNamespace(base=base, token=token, root=root, progress=progress, home=home,
-                              proc=proc, log=log_path, tmp=tmp, log_tail=log_tail)
+        yield SimpleNamespace(
+            base=base,
+            token=token,
+            root=root,
+            progress=progress,
+            home=home,
+            proc=proc,
+            log=log_path,
+            tmp=tmp,
+            log_tail=log_tail,
+        )
     finally:
         stop(proc)
         log.close()
@@ -265,6 +325,7 @@ def wait_for(predicate, timeout=15.0, what="condition"):
 
 
 # --- Server safety (no browser needed) -----------------------------------------------------------
+
 
 def test_lab_sh_serves_loopback_only_with_a_token(lab):
     status, _, _ = http(f"{lab.base}/api/contents")
@@ -296,6 +357,7 @@ def test_lab_sh_serves_loopback_only_with_a_token(lab):
 
 # --- Browser helpers -----------------------------------------------------------------------------
 
+
 def new_page(browser, lab):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.set_default_timeout(WAIT_MS)
@@ -313,9 +375,11 @@ def lab_page(browser, lab):
 
     page = new_page(browser, lab)
     page.goto(f"{lab.base}/?token={lab.token}")
-    landed_url = page.url                               # before JupyterLab's router changes it
-    expect(page.locator(".jp-MainAreaWidget:visible"),
-           "JupyterLab at lab.sh's default URL shows no document").to_have_count(1)
+    landed_url = page.url  # before JupyterLab's router changes it
+    expect(
+        page.locator(".jp-MainAreaWidget:visible"),
+        "JupyterLab at lab.sh's default URL shows no document",
+    ).to_have_count(1)
     yield SimpleNamespace(page=page, landed_url=landed_url)
     page.screenshot(path=str(lab.tmp / "lab_page.png"), full_page=True)
     page.close()
@@ -363,7 +427,9 @@ def wait_kernel_idle(page, timeout_ms=90_000):
             const text = bar.textContent.trim();
             return ind.getAttribute('data-status') === 'idle' && text.endsWith('| Idle')
                    && !text.startsWith('No Kernel');
-        }""", timeout=timeout_ms)
+        }""",
+        timeout=timeout_ms,
+    )
 
 
 def run_all(page):
@@ -383,16 +449,23 @@ def run_cell(page, panel, index: int):
 def wait_cell_done(cell, timeout_ms=120_000):
     """Until the cell's prompt shows an execution count ([3]:, not [*]: or [ ]:)."""
     cell.locator(".jp-InputPrompt").first.filter(has_text=re.compile(r"\[\d+\]")).wait_for(
-        timeout=timeout_ms)
+        timeout=timeout_ms
+    )
 
 
 def assert_no_widget_failure(page, where):
     text = where.inner_text()
     for bad in WIDGET_FAILURES:
         assert bad not in text, f"the page shows {bad!r} instead of the quiz widget:\n{text[:2000]}"
-    broken = [line for line in page.console_lines
-              if re.search(r"Failed to load model class|Could not create a view|"
-                           r"Class .* not found in module", line)]
+    broken = [
+        line
+        for line in page.console_lines
+        if re.search(
+            r"Failed to load model class|Could not create a view|"
+            r"Class .* not found in module",
+            line,
+        )
+    ]
     assert not broken, "widget errors in the browser console:\n" + "\n".join(broken)
 
 
@@ -413,6 +486,7 @@ def choose(box, q, option_id):
 
 
 # --- The quiz and a plot in the browser ----------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def check_page(lab_page, lab):
@@ -448,6 +522,7 @@ def quiz_root(panel, index=0):
 @pytest.mark.browser
 def test_quiz_feedback_and_score_show_in_the_cell(check_page, lab):
     from playwright.sync_api import expect
+
     import quizzes
     from quizzes import present
 
@@ -469,7 +544,9 @@ def test_quiz_feedback_and_score_show_in_the_cell(check_page, lab):
     box.get_by_role("button", name="Check").click()
     expect(feedback.locator(".quiz-verdict-wrong")).to_have_text("✘ Not right")
     wrong_result = quizzes.grade("lesson0", q.id, wrong, lang="en")
-    expect(feedback).to_contain_text(present.body(wrong_result, "en").splitlines()[0].replace("`", ""))
+    expect(feedback).to_contain_text(
+        present.body(wrong_result, "en").splitlines()[0].replace("`", "")
+    )
     expect(root.locator(".quiz-score-bottom")).to_have_text(f"Score: 0 / {graded}")
     colour = feedback.locator(".quiz-verdict-wrong").evaluate("e => getComputedStyle(e).color")
     assert colour == "rgb(164, 14, 38)", colour  # red, not the text colour
@@ -514,8 +591,10 @@ def test_quiz_feedback_and_score_show_in_the_cell(check_page, lab):
         last = line.rstrip().split()[-1] if line.strip() else ""
         assert not last or last in words or line.endswith((" ", "-", "/")), (line, lines)
 
-    rec = wait_for(lambda: read_progress(lab).get("lessons", {}).get("lesson0", {}).get(q.id),
-                   what="the answer in the progress file")
+    rec = wait_for(
+        lambda: read_progress(lab).get("lessons", {}).get("lesson0", {}).get(q.id),
+        what="the answer in the progress file",
+    )
     assert rec["attempts"] == 2 and rec["correct"] is True and rec["best_score"] == 1.0
     assert rec["graded_by"] == "grader" and rec["verdict"] == "correct"
 
@@ -555,6 +634,7 @@ def english_ui_strings() -> list[str]:
 @pytest.mark.browser
 def test_language_toggle_switches_and_is_remembered(check_page, lab):
     from playwright.sync_api import expect
+
     from quizzes.i18n import msg
 
     page, panel = check_page.page, check_page.show().panel
@@ -570,10 +650,14 @@ def test_language_toggle_switches_and_is_remembered(check_page, lab):
     expect(box).to_contain_text(q.prompt["zh"])
     expect(root).to_contain_text(bank.title["zh"])
     expect(box.locator(".quiz-verdict-wrong")).to_have_text("✘ 不对")
-    expect(box.locator(".quiz-feedback")).to_contain_text(msg("selected_wrong", "zh", opt=wrong + ")"))
+    expect(box.locator(".quiz-feedback")).to_contain_text(
+        msg("selected_wrong", "zh", opt=wrong + ")")
+    )
     expect(root.locator(".quiz-score-bottom")).to_contain_text("得分")
-    wait_for(lambda: read_progress(lab).get("settings", {}).get("lang") == "zh",
-             what='settings.lang == "zh" in the progress file')
+    wait_for(
+        lambda: read_progress(lab).get("settings", {}).get("lang") == "zh",
+        what='settings.lang == "zh" in the progress file',
+    )
     assert_no_english_ui(root)
 
     # A new show() (the quiz cell run again) starts in Chinese.
@@ -602,8 +686,10 @@ def test_language_toggle_switches_and_is_remembered(check_page, lab):
     root.locator(".quiz-lang button", has_text="English").click()
     expect(root.locator(f".quiz-q-{q.id}")).to_contain_text(q.prompt["en"])
     expect(box.get_by_role("button", name="Check")).to_be_visible()
-    wait_for(lambda: read_progress(lab).get("settings", {}).get("lang") == "en",
-             what='settings.lang == "en" in the progress file')
+    wait_for(
+        lambda: read_progress(lab).get("settings", {}).get("lang") == "en",
+        what='settings.lang == "en" in the progress file',
+    )
 
 
 def assert_no_english_ui(root):
@@ -626,6 +712,7 @@ def test_unsure_result_and_self_assessment_by_clicking(check_page, lab):
     reference, then the learner ticks the key ideas and marks the answer, recorded as
     self-assessed; the same in Chinese."""
     from playwright.sync_api import expect
+
     import quizzes
 
     panel = check_page.show().panel
@@ -636,27 +723,39 @@ def test_unsure_result_and_self_assessment_by_clicking(check_page, lab):
     graded = len(bank.graded())
     box = root.locator(f".quiz-q-{q.id}")
     box.scroll_into_view_if_needed()
-    answer = "FULL_SHARD frees the parameters after forward. And then it does the gather thing twice"
+    answer = (
+        "FULL_SHARD frees the parameters after forward. And then it does the gather thing twice"
+    )
     box.locator("textarea").fill(answer)
     box.get_by_role("button", name="Check").click()
     feedback = box.locator(".quiz-feedback")
     expect(feedback.locator(".quiz-verdict-unsure")).to_have_text("? Not sure: compare it yourself")
-    for part in ["Key ideas found:", UNSURE_LABELS["en"][0], "Key ideas not found:", UNSURE_LABELS["en"][1],
-                 "Sentences the grader could not read:", "«And then it does the gather thing twice»",
-                 "You wrote «FULL_SHARD keeps them»: it frees them after forward", "Reference answer:",
-                 q.secret["reference"]["en"][:40]]:
+    for part in [
+        "Key ideas found:",
+        UNSURE_LABELS["en"][0],
+        "Key ideas not found:",
+        UNSURE_LABELS["en"][1],
+        "Sentences the grader could not read:",
+        "«And then it does the gather thing twice»",
+        "You wrote «FULL_SHARD keeps them»: it frees them after forward",
+        "Reference answer:",
+        q.secret["reference"]["en"][:40],
+    ]:
         expect(feedback).to_contain_text(part)
     check = box.locator(".quiz-selfcheck")
     expect(check).to_be_visible()
     ideas = check.locator(".quiz-idea input[type=checkbox]")
     expect(ideas).to_have_count(3)
-    assert [ideas.nth(i).is_checked() for i in range(3)] == [True, False, False]  # what the grader found
+    # what the grader found
+    assert [ideas.nth(i).is_checked() for i in range(3)] == [True, False, False]
     right = check.locator(".quiz-self-right button, button.quiz-self-right").first
     expect(right).to_be_disabled()
     expect(check).to_contain_text("tick every key idea first")
     box.screenshot(path=str(shots_dir(lab) / "open_unsure_en.png"))
-    rec = wait_for(lambda: read_progress(lab).get("lessons", {}).get("lesson1", {}).get(q.id),
-                   what="the unsure answer in the progress file")
+    rec = wait_for(
+        lambda: read_progress(lab).get("lessons", {}).get("lesson1", {}).get(q.id),
+        what="the unsure answer in the progress file",
+    )
     assert (rec["verdict"], rec["graded_by"], rec["correct"]) == ("unsure", "grader", False)
 
     ideas.nth(1).check()
@@ -667,9 +766,15 @@ def test_unsure_result_and_self_assessment_by_clicking(check_page, lab):
     expect(status).to_contain_text("You marked it right")
     expect(status).to_contain_text("Recorded as self-assessed.")
     for where in ("top", "bottom"):
-        expect(root.locator(f".quiz-score-{where}")).to_have_text(f"Score: 0 / {graded} (+1 self-assessed right)")
-    rec = wait_for(lambda: (r := read_progress(lab)["lessons"]["lesson1"][q.id]).get("graded_by") == "self" and r,
-                   what="the self-assessment in the progress file")
+        expect(root.locator(f".quiz-score-{where}")).to_have_text(
+            f"Score: 0 / {graded} (+1 self-assessed right)"
+        )
+    rec = wait_for(
+        lambda: (
+            (r := read_progress(lab)["lessons"]["lesson1"][q.id]).get("graded_by") == "self" and r
+        ),
+        what="the self-assessment in the progress file",
+    )
     assert rec["self_correct"] is True and rec["correct"] is False and rec["attempts"] == 1
     box.screenshot(path=str(shots_dir(lab) / "open_self_right_en.png"))
 
@@ -683,12 +788,16 @@ def test_unsure_result_and_self_assessment_by_clicking(check_page, lab):
     check.locator(".quiz-self-wrong button, button.quiz-self-wrong").first.click()
     expect(status).to_contain_text("你判定为不正确")
     expect(root.locator(".quiz-score-bottom")).to_have_text(f"得分：0 / {graded}")
-    wait_for(lambda: read_progress(lab)["lessons"]["lesson1"][q.id].get("self_correct") is False,
-             what="the changed self-assessment in the progress file")
+    wait_for(
+        lambda: read_progress(lab)["lessons"]["lesson1"][q.id].get("self_correct") is False,
+        what="the changed self-assessment in the progress file",
+    )
     box.screenshot(path=str(shots_dir(lab) / "open_self_wrong_zh.png"))
     root.locator(".quiz-lang button", has_text="English").click()  # the other tests expect English
-    wait_for(lambda: read_progress(lab).get("settings", {}).get("lang") == "en",
-             what='settings.lang == "en" in the progress file')
+    wait_for(
+        lambda: read_progress(lab).get("settings", {}).get("lang") == "en",
+        what='settings.lang == "en" in the progress file',
+    )
 
 
 @pytest.mark.browser
@@ -696,6 +805,7 @@ def test_open_answer_right_and_wrong(check_page, lab):
     """An open answer graded right and one graded wrong: the verdict at a glance, the self-check
     hidden (it is only for answers the grader is unsure of)."""
     from playwright.sync_api import expect
+
     import quizzes
 
     panel = check_page.show().panel
@@ -711,18 +821,29 @@ def test_open_answer_right_and_wrong(check_page, lab):
         expect(feedback.locator(".quiz-verdict-correct")).to_be_visible()
         expect(check).to_be_hidden()
         box.screenshot(path=str(shots_dir(lab) / f"open_correct_{lang}.png"))
-        box.locator("textarea").fill({"en": "I had pizza for lunch and the weather was sunny today.",
-                                      "zh": "今天午饭吃了披萨，天气很好，心情也不错。"}[lang])
+        box.locator("textarea").fill(
+            {
+                "en": "I had pizza for lunch and the weather was sunny today.",
+                "zh": "今天午饭吃了披萨，天气很好，心情也不错。",
+            }[lang]
+        )
         button.click()
         expect(feedback.locator(".quiz-verdict-wrong, .quiz-verdict-partly")).to_be_visible()
         expect(check).to_be_hidden()
         box.screenshot(path=str(shots_dir(lab) / f"open_wrong_{lang}.png"))
     # And one the real grader is unsure of (from the labelled corpus; none is a skip, said).
     corpus = json.loads((REPO_ROOT / "tests" / "data" / "quiz_corpus" / "lesson1.json").read_text())
-    unsure = [(a["answer"], r) for a in corpus["questions"][q.id] if a["lang"] == "zh"
-              for r in [quizzes.grade("lesson1", q.id, a["answer"], lang="zh")] if r.verdict == "unsure"]
+    unsure = [
+        (a["answer"], r)
+        for a in corpus["questions"][q.id]
+        if a["lang"] == "zh"
+        for r in [quizzes.grade("lesson1", q.id, a["answer"], lang="zh")]
+        if r.verdict == "unsure"
+    ]
     if not unsure:
-        pytest.skip(f"no Chinese answer of the lesson 1 corpus is graded unsure by today's grader ({q.id})")
+        pytest.skip(
+            f"no Chinese answer of the lesson 1 corpus is graded unsure by today's grader ({q.id})"
+        )
     answer, expected = unsure[0]
     box.locator("textarea").fill(answer)
     box.get_by_role("button", name="检查").click()
@@ -732,11 +853,14 @@ def test_open_answer_right_and_wrong(check_page, lab):
     assert_no_english_ui(root)
     box.screenshot(path=str(shots_dir(lab) / "open_unsure_real_zh.png"))
     root.locator(".quiz-lang button", has_text="English").click()
-    wait_for(lambda: read_progress(lab).get("settings", {}).get("lang") == "en",
-             what='settings.lang == "en" in the progress file')
+    wait_for(
+        lambda: read_progress(lab).get("settings", {}).get("lang") == "en",
+        what='settings.lang == "en" in the progress file',
+    )
 
 
-# --- The home page and a real lesson notebook ------------------------------------------------------
+# --- The home page and a real lesson notebook ---------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def home_page(lab_page, lab):
@@ -763,11 +887,15 @@ def lesson0_from_home(lab_page, home_page, lab):
 
     page = lab_page.page
     home_page.show()
-    link = home_page.panel.locator(".course-home-table a[href*='00_torchrun_ddp/00_torchrun_ddp.ipynb']").first
+    link = home_page.panel.locator(
+        ".course-home-table a[href*='00_torchrun_ddp/00_torchrun_ddp.ipynb']"
+    ).first
     expect(link, "the home page shows no link to lesson 0's notebook").to_be_visible()
     link.click()
-    expect(page.locator(f"{DOCUMENT_TABS}.lm-mod-current", has_text="00_torchrun_ddp.ipynb"),
-           "the home page's lesson 0 link did not bring lesson 0's notebook to the front").to_have_count(1)
+    expect(
+        page.locator(f"{DOCUMENT_TABS}.lm-mod-current", has_text="00_torchrun_ddp.ipynb"),
+        "the home page's lesson 0 link did not bring lesson 0's notebook to the front",
+    ).to_have_count(1)
     expect(page.locator(DOCUMENT_TABS, has_text="00_torchrun_ddp.ipynb")).to_have_count(1)
     return NotebookTab(page, "00_torchrun_ddp.ipynb")
 
@@ -791,6 +919,7 @@ def test_home_table_updates_its_progress(home_page, lab, monkeypatch):
     """One table, titles without backticks, and progress that updates without running a cell:
     by itself when the progress file changes, and on Refresh."""
     from playwright.sync_api import expect
+
     import quizzes
     from quizzes import progress
 
@@ -813,7 +942,8 @@ def test_home_table_updates_its_progress(home_page, lab, monkeypatch):
     assert progress.record("lesson3", progress.Mark(other.id, "correct", graded_by="self")).ok
     panel.locator(".course-home-refresh").click()
     expect(row.locator(".course-home-quiz")).to_have_text(
-        f"1 / {len(bank.graded())} correct, 1 self-assessed right (2 answered)")
+        f"1 / {len(bank.graded())} correct, 1 self-assessed right (2 answered)"
+    )
     panel.locator(".course-home-table").screenshot(path=str(shots_dir(lab) / "home_table.png"))
     page.screenshot(path=str(shots_dir(lab) / "home.png"))
 
@@ -822,6 +952,7 @@ def test_home_table_updates_its_progress(home_page, lab, monkeypatch):
 def test_lesson0_notebook_renders_its_quiz(lesson0_from_home, lab):
     """The real lesson 0 notebook: its import cell and its last cell (the quiz)."""
     from playwright.sync_api import expect
+
     from quizzes.i18n import msg
 
     nb = nbformat.read(lab.root / LESSON0, as_version=4)
@@ -836,7 +967,7 @@ def test_lesson0_notebook_renders_its_quiz(lesson0_from_home, lab):
     correct = q.secret["correct"]
     page, panel = lesson0_from_home.page, lesson0_from_home.show().panel
     wait_kernel_idle(page)
-    wait_cell_done(run_cell(page, panel, first))   # imports torch: slow on a busy machine
+    wait_cell_done(run_cell(page, panel, first))  # imports torch: slow on a busy machine
     cell = run_cell(page, panel, last)
     wait_cell_done(cell)
     errors = panel.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
@@ -859,6 +990,8 @@ def test_lesson0_notebook_renders_its_quiz(lesson0_from_home, lab):
     expect(feedback.locator(".quiz-verdict-correct")).to_have_text("✔ Correct")
     expect(root.locator(".quiz-score-bottom")).to_have_text(f"Score: 1 / {graded}")
     cell.screenshot(path=str(lab.tmp / "lesson0_quiz.png"))
-    rec = wait_for(lambda: read_progress(lab).get("lessons", {}).get("lesson0", {}).get(q.id),
-                   what="the answer in the progress file")
-    assert rec["attempts"] == 1 and rec["correct"] is True, rec   # "choose first" is no attempt
+    rec = wait_for(
+        lambda: read_progress(lab).get("lessons", {}).get("lesson0", {}).get(q.id),
+        what="the answer in the progress file",
+    )
+    assert rec["attempts"] == 1 and rec["correct"] is True, rec  # "choose first" is no attempt

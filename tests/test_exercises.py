@@ -1,14 +1,15 @@
 """Code exercises: checkers register with the quiz engine (quizzes.exercise), which grades the
 learner's function without importing any course code."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 
+import demo_checker  # noqa: F401 - registers the demo checker (lessondemo, ex_square)
 import quizzes
 from quizzes import bank as bankmod
-import demo_checker  # noqa: F401 - registers the demo checker (lessondemo, ex_square)
 from quizzes.bank import QuizError
 from quizzes.exercise import exercise
 
@@ -23,9 +24,18 @@ def quiz_progress_file(tmp_path, monkeypatch):
 @pytest.fixture
 def quiz_demo_bank(tmp_path, monkeypatch):
     """A one-exercise bank in a temporary folder, graded by demo_checker.check_square."""
-    authoring = {"lesson": "lessondemo", "title": {"en": "Demo", "zh": "演示"}, "questions": [
-        {"id": "ex_square", "type": "code", "prompt": {"en": "Write square(x).", "zh": "编写 square(x)。"},
-         "secret": {}}]}
+    authoring = {
+        "lesson": "lessondemo",
+        "title": {"en": "Demo", "zh": "演示"},
+        "questions": [
+            {
+                "id": "ex_square",
+                "type": "code",
+                "prompt": {"en": "Write square(x).", "zh": "编写 square(x)。"},
+                "secret": {},
+            }
+        ],
+    }
     folder = tmp_path / "banks"
     folder.mkdir()
     (folder / "lessondemo.json").write_text(bankmod.dump_bank(bankmod.from_authoring(authoring)))
@@ -36,6 +46,7 @@ def quiz_demo_bank(tmp_path, monkeypatch):
 def test_exercise_not_attempted(quiz_demo_bank, capsys, quiz_progress_file):
     def square(x):
         raise NotImplementedError
+
     r = quizzes.check_exercise(quiz_demo_bank, "ex_square", square)
     assert r.attempted is False and r.passed is False
     assert capsys.readouterr().out.startswith("not attempted yet: ex_square")
@@ -51,9 +62,13 @@ def test_exercise_pass_fail_and_error(quiz_demo_bank, capsys, quiz_progress_file
 
     def broken(x):
         raise ValueError("shapes do not match\nsecond line")
+
     r = quizzes.check_exercise(quiz_demo_bank, "ex_square", broken)
     out = capsys.readouterr().out
-    assert not r.passed and out == "FAIL ex_square: your function raised ValueError: shapes do not match\n"
+    assert (
+        not r.passed
+        and out == "FAIL ex_square: your function raised ValueError: shapes do not match\n"
+    )
     rec = json.loads(quiz_progress_file.read_text())["lessons"]["lessondemo"]["ex_square"]
     assert rec["attempts"] == 3 and rec["correct"] is True and rec["best_score"] == 1.0
 
@@ -65,6 +80,7 @@ def test_registered_checker_is_called_with_the_context(monkeypatch, capsys, quiz
     def check_predict_bytes(learner_fn, **context):
         calls.append(context)
         return learner_fn(**context) == 16, "16 bytes per parameter"
+
     try:
         r = quizzes.check_exercise("lesson1", "ex_predict_bytes", lambda n: 16 * n, n=1)
         assert r.passed and calls == [{"n": 1}]
@@ -72,13 +88,16 @@ def test_registered_checker_is_called_with_the_context(monkeypatch, capsys, quiz
         with pytest.raises(QuizError, match="not a code exercise"):
             quizzes.check_exercise("lesson1", "q_zero_mapping", lambda: None)
     finally:
-        import course_lab.exercises.lesson1  # noqa: F401 - put the real checker back
         import importlib
+
+        import course_lab.exercises.lesson1  # put the real checker back
+
         importlib.reload(course_lab.exercises.lesson1)
 
 
 def test_unregistered_exercise_is_one_clear_error(quiz_demo_bank, monkeypatch):
     from quizzes import exercise as exmod
+
     monkeypatch.delitem(exmod._CHECKERS, ("lessondemo", "ex_square"))
     with pytest.raises(QuizError, match="no checker is registered for lessondemo ex_square"):
         quizzes.check_exercise(quiz_demo_bank, "ex_square", lambda x: x * x)
@@ -87,6 +106,7 @@ def test_unregistered_exercise_is_one_clear_error(quiz_demo_bank, monkeypatch):
 def test_every_code_exercise_of_every_bank_has_a_checker():
     import course_lab.exercises  # noqa: F401 - registers every lesson's checkers
     from quizzes.exercise import registered_checker
+
     for lesson in bankmod.known_lessons():
         for q in bankmod.load_bank(lesson):
             if q.type == "code":
@@ -96,11 +116,18 @@ def test_every_code_exercise_of_every_bank_has_a_checker():
 def test_quiz_engine_imports_no_course_code():
     import ast
     from pathlib import Path
+
     for path in Path(quizzes.__file__).parent.rglob("*.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
-                     else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
             for name in names:
-                assert not name.startswith(("fsdp_course", "course_lab")), f"{path.name} imports {name}"
+                assert not name.startswith(("fsdp_course", "course_lab")), (
+                    f"{path.name} imports {name}"
+                )

@@ -1,5 +1,6 @@
 """course_lab.figures: the course's colours, and the check every notebook figure passes (the
 notebook tests install it before running each notebook: tests/test_notebooks.py)."""
+
 from __future__ import annotations
 
 import matplotlib
@@ -47,7 +48,9 @@ def test_several_series_need_a_legend():
 def test_a_figure_that_reads_passes_and_show_checks_it(monkeypatch):
     fig, ax = plt.subplots(figsize=(5, 3))
     ax.bar(["params", "grads"], [1, 2], color=[figures.color("params"), figures.color("grads")])
-    ax.set_title("memory"); ax.set_xlabel("category"); ax.set_ylabel("MiB")
+    ax.set_title("memory")
+    ax.set_xlabel("category")
+    ax.set_ylabel("MiB")
     assert figures.problems(fig) == []
     monkeypatch.setattr(plt, "show", lambda *a, **k: None)
     figures.install_checks()

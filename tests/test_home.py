@@ -2,6 +2,7 @@
 (a new lesson appears by itself), linking every lesson notebook relative to lessons/, with each
 lesson's launcher and the learner's quiz progress (machine-graded and self-assessed apart), a
 Refresh button that reads progress again, and one title style."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,9 @@ HOME = REPO_ROOT / "lessons" / "home.ipynb"
 
 
 def lesson_notebooks() -> list[Path]:
-    return sorted(p for p in (REPO_ROOT / "lessons").glob("*/*.ipynb")
-                  if ".ipynb_checkpoints" not in p.parts)
+    return sorted(
+        p for p in (REPO_ROOT / "lessons").glob("*/*.ipynb") if ".ipynb_checkpoints" not in p.parts
+    )
 
 
 def test_home_has_one_lesson_table_made_from_the_folders():
@@ -32,6 +34,7 @@ def test_home_has_one_lesson_table_made_from_the_folders():
     assert any("home.show()" in c for c in code)
 
     from course_lab import home
+
     page = home.table_html()
     assert page.count("<table") == 1
     for nb_path in lesson_notebooks():
@@ -43,13 +46,21 @@ def test_home_has_one_lesson_table_made_from_the_folders():
 
 def test_a_new_lesson_folder_appears_in_the_table(tmp_path):
     from course_lab import home
-    for name, title in [("00_first", "# Lesson 0 — First"), ("09_new", "# Lesson 9 — The `new` thing")]:
+
+    for name, title in [
+        ("00_first", "# Lesson 0 — First"),
+        ("09_new", "# Lesson 9 — The `new` thing"),
+    ]:
         (tmp_path / name).mkdir()
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(title + "\n\nText.")])
         nbformat.write(nb, tmp_path / name / f"{name}.ipynb")
     (tmp_path / "10_later").mkdir()  # its notebook is not written yet
     rows = home.rows(tmp_path)
-    assert [(r["lesson"], r["title"]) for r in rows] == [(0, "First"), (9, "The `new` thing"), (10, "later")]
+    assert [(r["lesson"], r["title"]) for r in rows] == [
+        (0, "First"),
+        (9, "The `new` thing"),
+        (10, "later"),
+    ]
     page = home.table_html(tmp_path)
     assert '<a href="09_new/09_new.ipynb">The <code>new</code> thing</a>' in page
     assert "bash launch/lesson9.sh" in page and "later <i>(notebook being written)</i>" in page
@@ -74,9 +85,14 @@ def test_progress_shows_self_assessed_apart_and_refresh_reads_it_again(progress_
     view = home.Home()
     page = view.table.outputs[0]["data"]["text/html"]
     assert f"0 / {graded} correct (0 answered)" in page and "as of" in view.stamp.value
-    progress.record("lesson1", progress.Mark("q_zero_mapping", "correct", 1.0),
-                    progress.Mark("q_full_vs_shard_grad_op", "unsure", 0.5))
-    progress.record("lesson1", progress.Mark("q_full_vs_shard_grad_op", "correct", graded_by="self"))
+    progress.record(
+        "lesson1",
+        progress.Mark("q_zero_mapping", "correct", 1.0),
+        progress.Mark("q_full_vs_shard_grad_op", "unsure", 0.5),
+    )
+    progress.record(
+        "lesson1", progress.Mark("q_full_vs_shard_grad_op", "correct", graded_by="self")
+    )
     assert view.table.outputs[0]["data"]["text/html"] == page  # a snapshot, as it says
     view.button.click()
     page = view.table.outputs[0]["data"]["text/html"]
@@ -103,7 +119,9 @@ def test_shown_table_updates_itself_when_progress_changes(progress_file, monkeyp
         while view.refreshed == 1 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert view.refreshed == 2
-        row = re.search(r"02_wrap_policies\.ipynb.*?</tr>", view.table.outputs[0]["data"]["text/html"]).group(0)
+        row = re.search(
+            r"02_wrap_policies\.ipynb.*?</tr>", view.table.outputs[0]["data"]["text/html"]
+        ).group(0)
         assert "(1 answered)" in row, row
     finally:
         view.stop()
@@ -120,16 +138,29 @@ def test_home_notebook_executes_and_shows_progress(progress_file):
     progress.set_setting("lang", "zh")
 
     nb = nbformat.read(HOME, as_version=4)
-    NotebookClient(nb, timeout=120, kernel_name="python3",
-                   resources={"metadata": {"path": str(HOME.parent)}}).execute()
-    errors = [out for c in nb.cells if c.cell_type == "code" for out in c.outputs
-              if out.output_type == "error" or out.get("name") == "stderr"]
+    NotebookClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(HOME.parent)}}
+    ).execute()
+    errors = [
+        out
+        for c in nb.cells
+        if c.cell_type == "code"
+        for out in c.outputs
+        if out.output_type == "error" or out.get("name") == "stderr"
+    ]
     assert not errors, errors
-    views = [out for c in nb.cells if c.cell_type == "code" for out in c.outputs
-             if "application/vnd.jupyter.widget-view+json" in out.get("data", {})]
+    views = [
+        out
+        for c in nb.cells
+        if c.cell_type == "code"
+        for out in c.outputs
+        if "application/vnd.jupyter.widget-view+json" in out.get("data", {})
+    ]
     assert len(views) == 1, "home.show() displays one widget (the table under its Refresh button)"
     # the Output widget's content, as the kernel left it (nbclient keeps the widgets' state)
-    state = json.dumps(nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"], ensure_ascii=False)
+    state = json.dumps(
+        nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"], ensure_ascii=False
+    )
     graded = sum(1 for q in bank.questions if q.type != "code")
     assert f"1 / {graded} correct (1 answered)" in state
     assert "quiz language: zh" in state and str(progress_file) in state

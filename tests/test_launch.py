@@ -1,5 +1,6 @@
 """The launchers: bad input gives one line and exit 2, the torchrun command they build, lab.sh's
 arguments (dry run, no server started), setup.sh's no-op path, .ci/run."""
+
 from __future__ import annotations
 
 import os
@@ -15,7 +16,7 @@ import pytest
 from helpers import REPO_ROOT, run_cmd
 
 # Every lesson launcher there is (lesson 9 and later included as they come), by number.
-LESSONS = sorted(int(p.stem[len("lesson"):]) for p in (REPO_ROOT / "launch").glob("lesson*.sh"))
+LESSONS = sorted(int(p.stem[len("lesson") :]) for p in (REPO_ROOT / "launch").glob("lesson*.sh"))
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
@@ -27,8 +28,18 @@ def one_line(proc) -> str:
 
 # --- the files themselves --------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["setup.sh", "lab.sh", "test.sh", "bench.sh", "_common.sh",
-                                  *[f"lesson{n}.sh" for n in LESSONS]])
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "setup.sh",
+        "lab.sh",
+        "test.sh",
+        "bench.sh",
+        "_common.sh",
+        *[f"lesson{n}.sh" for n in LESSONS],
+    ],
+)
 def test_launcher_syntax(name):
     proc = run_cmd(["bash", "-n", REPO_ROOT / "launch" / name])
     assert proc.returncode == 0, proc.stderr
@@ -45,7 +56,9 @@ def test_lesson_launcher_calls_run_lesson(n):
 
 
 def test_every_lesson_folder_has_its_launcher():
-    folders = sorted(int(p.name[:2]) for p in (REPO_ROOT / "lessons").glob("[0-9][0-9]_*") if p.is_dir())
+    folders = sorted(
+        int(p.name[:2]) for p in (REPO_ROOT / "lessons").glob("[0-9][0-9]_*") if p.is_dir()
+    )
     assert folders and LESSONS == folders
 
 
@@ -60,6 +73,7 @@ def test_ci_run_calls_test_sh():
 
 # --- bad input: exit 2, one line ---------------------------------------------------------------
 
+
 @pytest.mark.parametrize("value", ["0", "-1", "abc", "1.5", ""])
 def test_bad_nproc(run_launcher, value):
     proc = run_launcher("lesson0.sh", env={"NPROC": value})
@@ -67,10 +81,17 @@ def test_bad_nproc(run_launcher, value):
     assert one_line(proc) == f"lesson0.sh: NPROC must be a positive integer, got '{value}'"
 
 
-@pytest.mark.parametrize("var,value", [
-    ("NNODES", "abc"), ("NNODES", "0"), ("NODE_RANK", "x"), ("MASTER_PORT", "99999"),
-    ("MASTER_PORT", "port"), ("MAX_RESTARTS", "-1"),
-])
+@pytest.mark.parametrize(
+    "var,value",
+    [
+        ("NNODES", "abc"),
+        ("NNODES", "0"),
+        ("NODE_RANK", "x"),
+        ("MASTER_PORT", "99999"),
+        ("MASTER_PORT", "port"),
+        ("MAX_RESTARTS", "-1"),
+    ],
+)
 def test_bad_env(run_launcher, var, value):
     proc = run_launcher("lesson1.sh", env={"NPROC": "2", var: value})
     assert proc.returncode == 2
@@ -80,7 +101,9 @@ def test_bad_env(run_launcher, var, value):
 
 
 def test_node_rank_must_be_below_nnodes(run_launcher):
-    proc = run_launcher("lesson1.sh", env={"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "127.0.0.1"})
+    proc = run_launcher(
+        "lesson1.sh", env={"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "127.0.0.1"}
+    )
     assert proc.returncode == 2
     assert "NODE_RANK" in one_line(proc)
 
@@ -92,7 +115,9 @@ def test_several_nodes_need_master_addr(run_launcher):
 
 
 def test_missing_lesson_script():
-    proc = run_cmd(["bash", "-c", 'source launch/_common.sh && run_lesson 42 "$@"', "bash", "--steps", "1"])
+    proc = run_cmd(
+        ["bash", "-c", 'source launch/_common.sh && run_lesson 42 "$@"', "bash", "--steps", "1"]
+    )
     assert proc.returncode == 2
     line = one_line(proc)
     assert line.startswith("lesson42.sh: ") and "lessons/42_*/train.py" in line
@@ -105,11 +130,20 @@ def test_launcher_help(run_launcher, how):
     else:
         proc = run_launcher("lesson3.sh", env={"LAUNCH_HELP": "1"})
     assert proc.returncode == 0
-    for var in ("NPROC", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "MAX_RESTARTS", "PYTHON"):
+    for var in (
+        "NPROC",
+        "NNODES",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "MAX_RESTARTS",
+        "PYTHON",
+    ):
         assert var in proc.stdout
 
 
 # --- the torchrun command, with a stand-in Python that prints what it was given ----------------
+
 
 @pytest.fixture
 def fake_course(tmp_path):
@@ -119,21 +153,33 @@ def fake_course(tmp_path):
     (root / "lessons" / "07_fake").mkdir(parents=True)
     (root / "lessons" / "07_fake" / "train.py").write_text("print('hi')\n")
     fake = tmp_path / "fakepython"
-    fake.write_text(textwrap.dedent("""\
+    fake.write_text(
+        textwrap.dedent("""\
         #!/usr/bin/env bash
         if [[ "$1" == "-c" ]]; then exit 0; fi   # the launcher's "is torch installed?" probe
         echo "ARGS $*"
         echo "PYTHONPATH=$PYTHONPATH"
         echo "SHARE_STORE=${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-unset}"
         exit 7
-        """))
+        """)
+    )
     fake.chmod(0o755)
 
     def run(*args, env=None):
-        env = {"PYTHON": str(fake), "NNODES": None, "NODE_RANK": None, "MASTER_ADDR": None,
-               "MASTER_PORT": None, "MAX_RESTARTS": None, "RDZV_ID": None,
-               "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": None, **(env or {})}
-        script = f'source "{REPO_ROOT}/launch/_common.sh" && COURSE_ROOT="{root}" && run_lesson 7 "$@"'
+        env = {
+            "PYTHON": str(fake),
+            "NNODES": None,
+            "NODE_RANK": None,
+            "MASTER_ADDR": None,
+            "MASTER_PORT": None,
+            "MAX_RESTARTS": None,
+            "RDZV_ID": None,
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": None,
+            **(env or {}),
+        }
+        script = (
+            f'source "{REPO_ROOT}/launch/_common.sh" && COURSE_ROOT="{root}" && run_lesson 7 "$@"'
+        )
         return run_cmd(["bash", "-c", script, "bash", *args], env=env, cwd=tmp_path)
 
     run.root = root
@@ -151,25 +197,46 @@ def test_single_node_command(fake_course):
     args = args_of(proc)
     assert args[:4] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3"]
     # (no fsdp_course/torchrun.py in this fake course: plain torchrun)
-    assert args[-3:] == [str(fake_course.root / "lessons/07_fake/train.py"), "--strategy", "FULL_SHARD"]
+    assert args[-3:] == [
+        str(fake_course.root / "lessons/07_fake/train.py"),
+        "--strategy",
+        "FULL_SHARD",
+    ]
     shown = one_line(proc)  # the command, shown once on stderr
-    assert shown.startswith("+ ") and "torch.distributed.run --standalone --nproc-per-node=3" in shown
+    assert (
+        shown.startswith("+ ") and "torch.distributed.run --standalone --nproc-per-node=3" in shown
+    )
     assert f"PYTHONPATH={fake_course.root}" in proc.stdout  # import fsdp_course works uninstalled
     assert "SHARE_STORE=unset" in proc.stdout
 
 
-@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="GPUs: the default is their count")
+@pytest.mark.skipif(
+    shutil.which("nvidia-smi") is not None, reason="GPUs: the default is their count"
+)
 def test_default_nproc_without_gpus_is_2(fake_course):
     proc = fake_course(env={"NPROC": None})
     assert "--nproc-per-node=2" in args_of(proc)
 
 
 def test_multi_node_command(fake_course):
-    proc = fake_course(env={"NPROC": "2", "NNODES": "2", "NODE_RANK": "1",
-                            "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29600"})
+    proc = fake_course(
+        env={
+            "NPROC": "2",
+            "NNODES": "2",
+            "NODE_RANK": "1",
+            "MASTER_ADDR": "10.0.0.1",
+            "MASTER_PORT": "29600",
+        }
+    )
     args = args_of(proc)
-    for expected in ["--nnodes=2", "--node-rank=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
-                     "--rdzv-endpoint=10.0.0.1:29600", "--rdzv-id=fsdp-course"]:
+    for expected in [
+        "--nnodes=2",
+        "--node-rank=1",
+        "--nproc-per-node=2",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=10.0.0.1:29600",
+        "--rdzv-id=fsdp-course",
+    ]:
         assert expected in args
     assert "--standalone" not in args
 
@@ -197,6 +264,7 @@ def test_script_help_uses_one_process(fake_course):
 
 # --- lab.sh, dry run (no server is started) -----------------------------------------------------
 
+
 def lab_dry_run(run_launcher, **env):
     proc = run_launcher("lab.sh", env={"LAB_DRY_RUN": "1", "LAB_IP": None, "LAB_PORT": None, **env})
     return proc
@@ -220,7 +288,9 @@ def test_lab_command(run_launcher):
     assert "--LabApp.default_url=/lab/tree/" in cmd
     assert "-m jupyterlab" in cmd
     # a fresh random token each time
-    again = re.search(r"--IdentityProvider\.token=(\S+)", lab_dry_run(run_launcher, LAB_TOKEN=None).stdout)
+    again = re.search(
+        r"--IdentityProvider\.token=(\S+)", lab_dry_run(run_launcher, LAB_TOKEN=None).stdout
+    )
     assert again.group(1) != token.group(1)
 
 
@@ -230,8 +300,9 @@ def test_lab_options(run_launcher):
     assert "--IdentityProvider.token=s3cret" in proc.stdout
     assert "--port=9999" in proc.stdout
     assert "--no-browser" not in proc.stdout
-    extra = run_launcher("lab.sh", "--ServerApp.port_retries=0",
-                         env={"LAB_DRY_RUN": "1", "LAB_TOKEN": "t0ken"})
+    extra = run_launcher(
+        "lab.sh", "--ServerApp.port_retries=0", env={"LAB_DRY_RUN": "1", "LAB_TOKEN": "t0ken"}
+    )
     assert extra.stdout.strip().endswith("--ServerApp.port_retries=0")
 
 
@@ -250,6 +321,7 @@ def test_lab_bad_port(run_launcher):
 
 # --- test.sh and setup.sh -----------------------------------------------------------------------
 
+
 def test_test_sh_passes_arguments_to_pytest(run_launcher):
     proc = run_launcher("test.sh", "--version", env={"PYTHON": sys.executable}, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -258,10 +330,14 @@ def test_test_sh_passes_arguments_to_pytest(run_launcher):
 
 def test_setup_refuses_old_python(tmp_path):
     old = tmp_path / "python3.8"
-    old.write_text('#!/usr/bin/env bash\nif [[ "$*" == *platform* ]]; then echo 3.8.10; fi\nexit 1\n')
+    old.write_text(
+        '#!/usr/bin/env bash\nif [[ "$*" == *platform* ]]; then echo 3.8.10; fi\nexit 1\n'
+    )
     old.chmod(0o755)
-    proc = run_cmd(["bash", REPO_ROOT / "launch/setup.sh"],
-                   env={"VENV": tmp_path / "venv", "PYTHON_FOR_VENV": old})
+    proc = run_cmd(
+        ["bash", REPO_ROOT / "launch/setup.sh"],
+        env={"VENV": tmp_path / "venv", "PYTHON_FOR_VENV": old},
+    )
     assert proc.returncode == 2
     assert ">= 3.10" in proc.stderr and "3.8.10" in proc.stderr
     assert not (tmp_path / "venv").exists()
@@ -276,7 +352,9 @@ def test_setup_refuses_old_torch(tmp_path):
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     python = venv / "bin" / "python"
-    python.write_text(f'#!/usr/bin/env bash\nPYTHONPATH="{fake_site}" exec "{sys.executable}" "$@"\n')
+    python.write_text(
+        f'#!/usr/bin/env bash\nPYTHONPATH="{fake_site}" exec "{sys.executable}" "$@"\n'
+    )
     python.chmod(0o755)
     proc = run_cmd(["bash", REPO_ROOT / "launch/setup.sh"], env={"VENV": venv})
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -287,13 +365,20 @@ def test_setup_refuses_old_torch(tmp_path):
 def _venv_installs_this_checkout() -> bool:
     """Is the course installed in the running venv this checkout (editable)? Otherwise
     running setup.sh on it would re-point a venv another checkout uses at this one."""
-    probe = run_cmd([sys.executable, "-I", "-c", "import fsdp_course; print(fsdp_course.__file__)"],
-                    cwd="/", timeout=60)  # -I: neither PYTHONPATH nor the working folder
-    return probe.returncode == 0 and \
-        Path(probe.stdout.strip()).resolve().is_relative_to(REPO_ROOT.resolve())
+    # -I: neither PYTHONPATH nor the working folder
+    probe = run_cmd(
+        [sys.executable, "-I", "-c", "import fsdp_course; print(fsdp_course.__file__)"],
+        cwd="/",
+        timeout=60,
+    )
+    return probe.returncode == 0 and Path(probe.stdout.strip()).resolve().is_relative_to(
+        REPO_ROOT.resolve()
+    )
 
 
-@pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="tests are not running in a virtual environment")
+@pytest.mark.skipif(
+    sys.prefix == sys.base_prefix, reason="tests are not running in a virtual environment"
+)
 def test_setup_installs_nothing_when_nothing_changed():
     """Run setup on the venv running the tests (the first run may install the course: that is
     what setup is for); the second run must install nothing and say it is up to date."""
@@ -321,7 +406,11 @@ def test_bench_with_nothing_selected_writes_nothing(run_launcher):
 def test_readme_names_every_library_module():
     """The README's map of the house names every module of the two wings (a new one too)."""
     text = (REPO_ROOT / "README.md").read_text()
-    block = text[text.index("fsdp_course/           the training wing"):text.index("quizzes/               ")]
+    block = text[
+        text.index("fsdp_course/           the training wing") : text.index(
+            "quizzes/               "
+        )
+    ]
     words = set(re.findall(r"[a-z_0-9]+", block))
     for wing in ("fsdp_course", "course_lab"):
         modules = {p.stem for p in (REPO_ROOT / wing).glob("*.py") if not p.stem.startswith("_")}
@@ -331,6 +420,10 @@ def test_readme_names_every_library_module():
 
 def test_readme_names_the_commands_and_launchers():
     text = (REPO_ROOT / "README.md").read_text()
-    for needed in ["bash launch/lab.sh", "bash launch/test.sh", "bash launch/bench.sh",
-                   *[f"lesson{n}.sh" for n in LESSONS]]:
+    for needed in [
+        "bash launch/lab.sh",
+        "bash launch/test.sh",
+        "bash launch/bench.sh",
+        *[f"lesson{n}.sh" for n in LESSONS],
+    ]:
         assert needed in text, needed

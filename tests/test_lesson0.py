@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
+from fsdp_course import theory
 from helpers import run_cmd
 from lesson_runs import launch, ok
-from fsdp_course import theory
 
 NOTEBOOK_TWO_RANKS = (("--steps", "12"), 2)
 NOTEBOOK_ONE_RANK = (("--steps", "3", "--log-every", "10"), 1)
@@ -54,9 +54,11 @@ def test_collective_timeouts_are_read_from_torch(ddp2):
 def test_ddp_holds_a_full_replica_whatever_the_world_size(ddp1, ddp2):
     for m in (ddp1, ddp2):
         r = m["results"]
-        assert {k: r["bytes"][k] for k in ("params", "grads", "optimizer")} == \
-            theory.ddp_state_bytes(r["num_params"])
-    assert ddp1["results"]["bytes"] == ddp2["results"]["bytes"]  # activations too: same batch per rank
+        assert {
+            k: r["bytes"][k] for k in ("params", "grads", "optimizer")
+        } == theory.ddp_state_bytes(r["num_params"])
+    # activations too: same batch per rank
+    assert ddp1["results"]["bytes"] == ddp2["results"]["bytes"]
 
 
 def test_ddp_all_reduces_every_gradient_once(ddp2):
@@ -79,7 +81,16 @@ def test_ddp_gradients_equal_single_process_and_loss_falls(ddp2):
 
 
 def test_metrics_file_has_the_documented_keys(ddp2):
-    for key in ("lesson", "world_size", "backend", "device", "torch_version", "config", "history", "results"):
+    for key in (
+        "lesson",
+        "world_size",
+        "backend",
+        "device",
+        "torch_version",
+        "config",
+        "history",
+        "results",
+    ):
         assert key in ddp2
     assert ddp2["lesson"] == "lesson0" and ddp2["config"]["steps"] == 12
     assert [h["step"] for h in ddp2["history"]] == list(range(12))
@@ -95,12 +106,15 @@ def test_plain_python_says_how_to_launch_and_exits_2():
 
 def test_bare_init_process_group_without_torchrun_names_the_missing_variable():
     # The notebook runs the same call to show what PyTorch itself says.
-    proc = run_cmd([sys.executable, "-c", "import torch.distributed as dist; dist.init_process_group('gloo')"],
-                   env={"RANK": None, "WORLD_SIZE": None, "MASTER_ADDR": None, "MASTER_PORT": None})
+    proc = run_cmd(
+        [sys.executable, "-c", "import torch.distributed as dist; dist.init_process_group('gloo')"],
+        env={"RANK": None, "WORLD_SIZE": None, "MASTER_ADDR": None, "MASTER_PORT": None},
+    )
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
         "ValueError: Error initializing torch.distributed using env:// rendezvous: "
-        "environment variable RANK expected, but not set")
+        "environment variable RANK expected, but not set"
+    )
 
 
 def test_trains_on_any_text_file(tmp_path):

@@ -16,25 +16,49 @@ from pathlib import Path
 
 import pytest
 
-from helpers import lesson_script
-from lesson_runs import launch, ok
 from course_lab.exercises.lesson1 import cases_from_metrics, check_predict_bytes
 from course_lab.notebook import mib
 from fsdp_course import theory
 from fsdp_course.theory import sharding
+from helpers import lesson_script
+from lesson_runs import launch, ok
 
 REPO = Path(__file__).resolve().parents[1]
 STATE = ("params", "grads", "optimizer")
-SYNC, BF16, ORIG, NO_MESH = ("FULL_SHARD + sync_module_states", "FULL_SHARD + bf16 mixed precision",
-                             "FULL_SHARD + use_orig_params", "HYBRID_SHARD + no device mesh")
+SYNC, BF16, ORIG, NO_MESH = (
+    "FULL_SHARD + sync_module_states",
+    "FULL_SHARD + bf16 mixed precision",
+    "FULL_SHARD + use_orig_params",
+    "HYBRID_SHARD + no device mesh",
+)
 # The notebook's launches: (flags, NPROC).
-TWO_RANKS = (("--strategy", "FULL_SHARD,SHARD_GRAD_OP,NO_SHARD", "--steps", "3", "--variants",
-              "strategy=FULL_SHARD,sync-module-states=true;"
-              "strategy=FULL_SHARD,mixed-precision=true;"
-              "strategy=FULL_SHARD,use-orig-params=true,d-model=130,n-heads=2;"
-              "strategy=HYBRID_SHARD,mesh=false"), 2)
-FOUR_RANKS = (("--strategy", "FULL_SHARD,HYBRID_SHARD", "--replicas", "2", "--steps", "3",
-               "--log-every", "10"), 4)
+TWO_RANKS = (
+    (
+        "--strategy",
+        "FULL_SHARD,SHARD_GRAD_OP,NO_SHARD",
+        "--steps",
+        "3",
+        "--variants",
+        "strategy=FULL_SHARD,sync-module-states=true;"
+        "strategy=FULL_SHARD,mixed-precision=true;"
+        "strategy=FULL_SHARD,use-orig-params=true,d-model=130,n-heads=2;"
+        "strategy=HYBRID_SHARD,mesh=false",
+    ),
+    2,
+)
+FOUR_RANKS = (
+    (
+        "--strategy",
+        "FULL_SHARD,HYBRID_SHARD",
+        "--replicas",
+        "2",
+        "--steps",
+        "3",
+        "--log-every",
+        "10",
+    ),
+    4,
+)
 
 
 def notebook_launch(flags_and_nproc, check=True):
@@ -85,9 +109,15 @@ def state(run):
 
 
 def rank_theory(run, world_size, rank):
-    return sharding.rank_state_bytes(run["unit_param_numels"], world_size, run["strategy"],
-                                     run["replicas"], rank, run["use_orig_params"],
-                                     compute_bytes=2 if run["mixed_precision"] else 4)
+    return sharding.rank_state_bytes(
+        run["unit_param_numels"],
+        world_size,
+        run["strategy"],
+        run["replicas"],
+        rank,
+        run["use_orig_params"],
+        compute_bytes=2 if run["mixed_precision"] else 4,
+    )
 
 
 @pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"])
@@ -99,14 +129,17 @@ def test_bytes_per_rank_and_per_collective_equal_theory(n2, strategy):
     for rank, measured in enumerate(run["bytes_per_rank"]):
         assert {k: measured[k] for k in STATE} == rank_theory(run, 2, rank)
     assert run["bytes"]["gathered"] == theory.gathered_peak_bytes(units, 2, strategy)
-    assert {k: v["bytes"] for k, v in run["collectives"].items()} == theory.collective_bytes(units, 2, strategy)
+    assert {k: v["bytes"] for k, v in run["collectives"].items()} == theory.collective_bytes(
+        units, 2, strategy
+    )
 
 
 def test_full_shard_vs_shard_grad_op(n2):
     fs, sgo = n2["FULL_SHARD"], n2["SHARD_GRAD_OP"]
     P = 4 * fs["num_params"]
     assert state(fs) == state(sgo)  # same sharded state...
-    assert sgo["bytes"]["gathered"] > 1.9 * fs["bytes"]["gathered"]  # ...SGO holds all params gathered
+    # ...SGO holds all params gathered
+    assert sgo["bytes"]["gathered"] > 1.9 * fs["bytes"]["gathered"]
     assert 1.9 < fs["collectives"]["all_gather"]["bytes"] / P < 2.0  # FS gathers twice (minus root)
     assert 0.99 < sgo["collectives"]["all_gather"]["bytes"] / P < 1.01
     units = len(fs["unit_numels"])
@@ -143,8 +176,9 @@ def test_shards_are_equal_and_padded_only_where_the_count_needs_it(n2, n4):
         for unit, numel in enumerate(run["unit_numels"]):
             stored = {layout[rank][unit]["stored"] for rank in range(n)}
             assert stored == {sharding.shard_numel(numel, n)}  # equal shards on every rank
-            assert [layout[rank][unit]["padding"] for rank in range(n)] == \
-                [r["padding"] for r in sharding.shard_ranges(numel, n)]
+            assert [layout[rank][unit]["padding"] for rank in range(n)] == [
+                r["padding"] for r in sharding.shard_ranges(numel, n)
+            ]
             if numel % n == 0:
                 assert all(layout[rank][unit]["padding"] == 0 for rank in range(n))
         root = run["unit_numels"][0]
@@ -159,7 +193,9 @@ def test_shard_ranges_pad_at_the_end_and_only_when_needed():
         for shards in range(1, 6):
             ranges = sharding.shard_ranges(numel, shards)
             assert sum(r["stop"] - r["start"] for r in ranges) == numel
-            assert {r["stop"] - r["start"] + r["padding"] for r in ranges} == {sharding.shard_numel(numel, shards)}
+            assert {r["stop"] - r["start"] + r["padding"] for r in ranges} == {
+                sharding.shard_numel(numel, shards)
+            }
     assert "rank 3  [ p9 ·  ·  ]   2 padding" in sharding.shard_diagram(10, 4)
 
 
@@ -168,10 +204,12 @@ def test_hybrid_shard_shards_within_a_group_and_all_reduces_across(n4):
     units = run["unit_numels"]
     assert state(run) == theory.model_state_bytes(units, 4, "HYBRID_SHARD", replicas=2)
     assert state(run) == theory.model_state_bytes(units, 2, "FULL_SHARD")  # shards over 2, not 4
-    assert {k: v["bytes"] for k, v in run["collectives"].items()} == \
-        theory.collective_bytes(units, 4, "HYBRID_SHARD", replicas=2)
+    assert {k: v["bytes"] for k, v in run["collectives"].items()} == theory.collective_bytes(
+        units, 4, "HYBRID_SHARD", replicas=2
+    )
     assert [h["loss"] for h in run["history"]] == pytest.approx(
-        [h["loss"] for h in n4["FULL_SHARD"]["history"]], abs=1e-4)
+        [h["loss"] for h in n4["FULL_SHARD"]["history"]], abs=1e-4
+    )
 
 
 def test_hybrid_shard_without_a_mesh_shards_nothing_and_syncs_nothing(variants, n4, n2):
@@ -185,14 +223,19 @@ def test_hybrid_shard_without_a_mesh_shards_nothing_and_syncs_nothing(variants, 
     assert run["groups"]["grad_spread"] > 1e-3 and run["groups"]["weight_spread"] > 1e-3
     assert state(run) == state(n2["NO_SHARD"])  # a full replica on every rank
     # One all-reduce per unit, over a group of one rank: the bytes of NO_SHARD, sent nowhere.
-    assert {k: v["bytes"] for k, v in run["collectives"].items()} == \
-        theory.collective_bytes(run["unit_numels"], 2, "NO_SHARD")
+    assert {k: v["bytes"] for k, v in run["collectives"].items()} == theory.collective_bytes(
+        run["unit_numels"], 2, "NO_SHARD"
+    )
     # Divided by the replica count before a reduction that sums one rank: half a local gradient.
     assert (run["divide_factors"]["pre"], run["divide_factors"]["post"]) == (2, 1)
     local = run["grad_norms"]["torch_nn_utils_per_rank"]
     assert local[0] != pytest.approx(local[1], rel=1e-3)
     meshed = n4["HYBRID_SHARD"]["groups"]
-    assert (meshed["shard_group"], meshed["replica_group"], meshed["ran_as"]) == (2, 2, "HYBRID_SHARD")
+    assert (meshed["shard_group"], meshed["replica_group"], meshed["ran_as"]) == (
+        2,
+        2,
+        "HYBRID_SHARD",
+    )
     assert meshed["grad_spread"] == 0 and meshed["weight_spread"] == 0
 
 
@@ -218,7 +261,9 @@ def test_clip_grad_norm_torch_sees_the_shard_fsdp_the_whole(n2, n4):
         local = norms["torch_nn_utils_per_rank"]
         assert all(value < norms["fsdp"] * 0.99 for value in local)  # each rank: its shard only
         assert len({round(v, 6) for v in local}) > 1  # a different wrong norm on each rank
-        shards = local if run["strategy"] != "HYBRID_SHARD" else local[:len(local) // run["replicas"]]
+        shards = (
+            local if run["strategy"] != "HYBRID_SHARD" else local[: len(local) // run["replicas"]]
+        )
         assert math.sqrt(sum(v * v for v in shards)) == pytest.approx(norms["fsdp"], rel=1e-5)
     no_shard = n2["NO_SHARD"]["grad_norms"]
     assert no_shard["torch_nn_utils_per_rank"] == pytest.approx([no_shard["fsdp"]] * 2, rel=1e-6)
@@ -239,9 +284,11 @@ def test_figures_the_quiz_cites_as_measured_in_lesson_1_still_hold(n2):
 
 def test_sync_module_states_is_refused_on_cpu_in_one_line_and_the_launch_goes_on(variants):
     proc, _ = notebook_launch(TWO_RANKS)
-    message = ("ValueError: The module has CPU parameters or buffers when `sync_module_states=True`, "
-               "which requires them to be on GPU. Please specify the `device_id` argument or move "
-               "the module to GPU before passing it to FSDP.")
+    message = (
+        "ValueError: The module has CPU parameters or buffers when `sync_module_states=True`, "
+        "which requires them to be on GPU. Please specify the `device_id` argument or move "
+        "the module to GPU before passing it to FSDP."
+    )
     assert variants[SYNC]["refused"] == message and variants[SYNC]["history"] == []
     assert proc.stdout.count(f"torch refused to wrap the model: {message}\n") == 1
     assert "Traceback" not in proc.stdout + proc.stderr
@@ -268,9 +315,14 @@ def test_use_orig_params_names_groups_and_alignment_padding(orig, n2):
         assert measured["params"] > plain["params"]
         assert measured["optimizer"] < 2 * measured["params"]
     assert len({r["optimizer"] for r in run["bytes_per_rank"]}) == 2
-    assert run["bytes"]["params"] - plain["params"] == 112  # cited by q_use_orig_params (bank notes)
-    flat_numels = sharding.unit_flat_numels(run["unit_param_numels"], 2, "FULL_SHARD", use_orig_params=True)
-    assert {k: v["bytes"] for k, v in run["collectives"].items()} == theory.collective_bytes(flat_numels, 2, "FULL_SHARD")
+    # cited by q_use_orig_params (bank notes)
+    assert run["bytes"]["params"] - plain["params"] == 112
+    flat_numels = sharding.unit_flat_numels(
+        run["unit_param_numels"], 2, "FULL_SHARD", use_orig_params=True
+    )
+    assert {k: v["bytes"] for k, v in run["collectives"].items()} == theory.collective_bytes(
+        flat_numels, 2, "FULL_SHARD"
+    )
     assert run["bytes"]["gathered"] == theory.gathered_peak_bytes(flat_numels, 2, "FULL_SHARD")
 
 
@@ -299,9 +351,13 @@ def test_exercise_covers_every_measured_run_including_hybrid_and_orig_params(m2,
     solution = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(solution)
     assert check_predict_bytes(solution.predict_model_state_bytes, cases) == (
-        True, f"all {len(cases)} measured runs predicted to the byte.")
+        True,
+        f"all {len(cases)} measured runs predicted to the byte.",
+    )
 
-    def lesson_formula(units, n, strategy, replicas=1, mixed_precision=False, use_orig_params=False):
+    def lesson_formula(
+        units, n, strategy, replicas=1, mixed_precision=False, use_orig_params=False
+    ):
         shards = 1 if strategy == "NO_SHARD" else n  # what sections 1-5 print, and no more
         local = sum(math.ceil(sum(u) / shards) for u in units)
         return {"params": 4 * local, "grads": 4 * local, "optimizer": 8 * local}
@@ -309,7 +365,9 @@ def test_exercise_covers_every_measured_run_including_hybrid_and_orig_params(m2,
     passed, message = check_predict_bytes(lesson_formula, cases)
     assert not passed and "HYBRID_SHARD" in message and "ceil" not in message
 
-    def calls_the_library(units, n, strategy, replicas=1, mixed_precision=False, use_orig_params=False):
+    def calls_the_library(
+        units, n, strategy, replicas=1, mixed_precision=False, use_orig_params=False
+    ):
         return sharding.rank_state_bytes(units, n, strategy, replicas, 0, use_orig_params)
 
     passed, message = check_predict_bytes(calls_the_library, cases)
@@ -323,20 +381,39 @@ def test_bad_strategy_input_is_one_line_and_exit_2():
     proc, _ = launch(1, "--strategy", "HYBRID_SHARD", "--steps", "1", nproc=2)
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert errors == ["error: HYBRID_SHARD: 2 ranks do not split into --replicas 2 groups of 2 "
-                      "or more (try NPROC=4)"], proc.stderr
+    assert errors == [
+        "error: HYBRID_SHARD: 2 ranks do not split into --replicas 2 groups of 2 "
+        "or more (try NPROC=4)"
+    ], proc.stderr
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("argv, world_size, said", [
-    (["--strategy", "ZERO4"], 2,
-     "argument --strategy: 'ZERO4': choose from FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD"),
-    (["--strategy", "full_shard,ZERO4"], 4, "argument --strategy: 'ZERO4': choose from"),
-    (["--strategy", "HYBRID_SHARD"], 2, "HYBRID_SHARD: 2 ranks do not split into --replicas 2 groups of 2 or more"),
-    (["--strategy", "HYBRID_SHARD"], 3, "HYBRID_SHARD: 3 ranks do not split into --replicas 2 groups"),
-    (["--variants", "strategy=HYBRID_SHARD"], 2, "HYBRID_SHARD: 2 ranks do not split"),
-])
-def test_bad_strategies_are_refused_in_one_line_by_the_scripts_parser(capsys, argv, world_size, said):
+@pytest.mark.parametrize(
+    "argv, world_size, said",
+    [
+        (
+            ["--strategy", "ZERO4"],
+            2,
+            "argument --strategy: 'ZERO4': choose from "
+            "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD",
+        ),
+        (["--strategy", "full_shard,ZERO4"], 4, "argument --strategy: 'ZERO4': choose from"),
+        (
+            ["--strategy", "HYBRID_SHARD"],
+            2,
+            "HYBRID_SHARD: 2 ranks do not split into --replicas 2 groups of 2 or more",
+        ),
+        (
+            ["--strategy", "HYBRID_SHARD"],
+            3,
+            "HYBRID_SHARD: 3 ranks do not split into --replicas 2 groups",
+        ),
+        (["--variants", "strategy=HYBRID_SHARD"], 2, "HYBRID_SHARD: 2 ranks do not split"),
+    ],
+)
+def test_bad_strategies_are_refused_in_one_line_by_the_scripts_parser(
+    capsys, argv, world_size, said
+):
     """What train.py's main() does with --strategy before anything runs, in this process: the
     config reads it once (a name that is no strategy: argparse's one line, exit 2), then plan()
     checks each run against the world size torchrun gave (a CourseError, which the script turns
@@ -369,16 +446,19 @@ def test_instruments_watch_step_1_and_ms_per_step_times_the_others(m2, m4):
     after step 0 that they did not watch, whose memory and traffic columns read None ("-")."""
     proc, _ = notebook_launch(TWO_RANKS)
     for m in (m2, m4):
-        for run in m["results"]["runs"] + [v for v in m["results"].get("variants", []) if "refused" not in v]:
+        for run in m["results"]["runs"] + [
+            v for v in m["results"].get("variants", []) if "refused" not in v
+        ]:
             history = run["history"]
             watched = [row["step"] for row in history if row["peak_mib"] is not None]
             assert watched == [run["watched_step"]] == [1], run["label"]
-            assert history[1]["sent_mib"] > 0 and all(row["sent_mib"] is None for row in history if row["step"] != 1)
+            assert history[1]["sent_mib"] > 0 and all(
+                row["sent_mib"] is None for row in history if row["step"] != 1
+            )
             plain = [row["ms"] for row in history if row["step"] > 1]
             assert run["ms_per_step"] == statistics.median(plain)
     line = next(line for line in proc.stdout.splitlines() if line.strip().startswith("0 |"))
     assert [cell.strip() for cell in line.split("|")[3:]] == ["-", "-"]  # not watched: not measured
-
 
 
 def test_variants_parse_once_and_bad_ones_are_one_line():
@@ -388,16 +468,40 @@ def test_variants_parse_once_and_bad_ones_are_one_line():
     from fsdp_course.config import parse_config, parse_variants
     from fsdp_course.dist import CourseError
 
-    cfg = parse_config(train.Config, argv=["--strategy", "NO_SHARD", "--variants",
-                                           "mixed-precision=true; strategy=full_shard,d-model=130,steps=2"])
-    assert [str(v) for v in cfg.variants] == ["(mixed-precision=true)", "(strategy=full_shard,d-model=130,steps=2)"]
+    cfg = parse_config(
+        train.Config,
+        argv=[
+            "--strategy",
+            "NO_SHARD",
+            "--variants",
+            "mixed-precision=true; strategy=full_shard,d-model=130,steps=2",
+        ],
+    )
+    assert [str(v) for v in cfg.variants] == [
+        "(mixed-precision=true)",
+        "(strategy=full_shard,d-model=130,steps=2)",
+    ]
     base, (first, s1, label1, v1), (second, s2, label2, v2) = train.plan(cfg, 2)
     assert base[1:] == ("NO_SHARD", "NO_SHARD", None) and base[0] is cfg
-    assert (s1, first.mixed_precision, first.d_model, label1) == ("NO_SHARD", True, 128, "NO_SHARD + bf16 mixed precision")
-    assert (s2, second.d_model, second.steps, second.mixed_precision) == ("FULL_SHARD", 130, 2, False)
+    assert (s1, first.mixed_precision, first.d_model, label1) == (
+        "NO_SHARD",
+        True,
+        128,
+        "NO_SHARD + bf16 mixed precision",
+    )
+    assert (s2, second.d_model, second.steps, second.mixed_precision) == (
+        "FULL_SHARD",
+        130,
+        2,
+        False,
+    )
     assert second.strategy == ("FULL_SHARD",) and (v1, v2) == tuple(str(v) for v in cfg.variants)
-    for text, needle in (("warp=1", "no flag --warp"), ("d-model=wide", "not a number"),
-                         ("mixed-precision=yes", "true or false"), ("strategy=ZERO4", "strategy=ZERO4: 'ZERO4'")):
+    for text, needle in (
+        ("warp=1", "no flag --warp"),
+        ("d-model=wide", "not a number"),
+        ("mixed-precision=yes", "true or false"),
+        ("strategy=ZERO4", "strategy=ZERO4: 'ZERO4'"),
+    ):
         with pytest.raises(CourseError, match=needle):
             train.plan(parse_config(train.Config, argv=["--variants", text]), 2)
     with pytest.raises(Exception, match="write flag=value"):

@@ -9,6 +9,7 @@ within a test run it runs once and is shared (course_lab.notebook.launch_lesson)
 exercise's check. Only the 3-rank run and one bad flag (on 1 rank) are the tests' own.
 The instruments watch step 0 (the step ms/step leaves out); later steps are timed unwatched.
 """
+
 from __future__ import annotations
 
 import ast
@@ -19,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from course_lab.exercises import lesson3 as ex3
+from fsdp_course import theory
 from helpers import lesson_script
 from lesson_runs import launch, ok
-from fsdp_course import theory
-from course_lab.exercises import lesson3 as ex3
 
 REPO = Path(__file__).resolve().parents[1]
 SOLUTION = REPO / "solutions" / "lesson3_accumulate.py"
@@ -31,10 +32,20 @@ NOTEBOOK = REPO / "lessons" / "03_no_sync" / "03_no_sync.ipynb"
 # K = 1, 2, 4, 8, no_sync on and off, one step. The variants add K = 4 runs of two steps: FSDP2 with
 # no_sync on and off, and the two pitfalls on the lesson's loop (no_sync on) in both APIs: no sync
 # on the last micro-batch either, and a short last micro-batch.
-LAUNCH = ("--accum", "1,2,4,8", "--no-sync", "on,off", "--steps", "1", "--batch-size", "2", "--variants",
-          "api=fsdp2,accum=4,steps=2;"
-          "accum=4,steps=2,bug=no-sync-last;api=fsdp2,accum=4,steps=2,bug=no-sync-last;"
-          "accum=4,steps=2,last-batch-size=1;api=fsdp2,accum=4,steps=2,last-batch-size=1")
+LAUNCH = (
+    "--accum",
+    "1,2,4,8",
+    "--no-sync",
+    "on,off",
+    "--steps",
+    "1",
+    "--batch-size",
+    "2",
+    "--variants",
+    "api=fsdp2,accum=4,steps=2;"
+    "accum=4,steps=2,bug=no-sync-last;api=fsdp2,accum=4,steps=2,bug=no-sync-last;"
+    "accum=4,steps=2,last-batch-size=1;api=fsdp2,accum=4,steps=2,last-batch-size=1",
+)
 NPROC = 2
 
 
@@ -44,7 +55,11 @@ def short_last(run):
 
 def runs_by(data):
     """The runs with equal micro-batches, by (api, K, no_sync, bug)."""
-    return {(r["api"], r["accum"], r["no_sync"], r["bug"]): r for r in data["results"]["runs"] if not short_last(r)}
+    return {
+        (r["api"], r["accum"], r["no_sync"], r["bug"]): r
+        for r in data["results"]["runs"]
+        if not short_last(r)
+    }
 
 
 def launched(*args, nproc=2):
@@ -62,9 +77,15 @@ def test_notebook_makes_this_launch():
     """The notebook launches the script once (the exercise's check launches on its own, through
     quizzes.check_exercise): run_lesson(3, ...) with exactly these flags on NPROC ranks, so a test
     run makes the launch once, for the notebook and these tests."""
-    cells = [cell for cell in json.loads(NOTEBOOK.read_text())["cells"] if cell["cell_type"] == "code"]
-    calls = [node for cell in cells for node in ast.walk(ast.parse("".join(cell["source"])))
-             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "run_lesson"]
+    cells = [
+        cell for cell in json.loads(NOTEBOOK.read_text())["cells"] if cell["cell_type"] == "code"
+    ]
+    calls = [
+        node
+        for cell in cells
+        for node in ast.walk(ast.parse("".join(cell["source"])))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "run_lesson"
+    ]
     assert len(calls) == 1
     (call,) = calls
     assert tuple(ast.literal_eval(arg) for arg in call.args) == (3, *LAUNCH)
@@ -74,12 +95,14 @@ def test_notebook_makes_this_launch():
 
 # --- theory and the exercise's in-process stage (no torchrun) ---------------------------------
 
+
 def test_theory_matches_the_quiz_numbers():
     saved = theory.accumulation.reduce_bytes_saved(1_000_000_000, accum=8, world_size=4)
     assert saved["payload"] == 28e9 and saved["sent_per_rank"] == 21e9
     P = 1_000_000_000
-    extra = (theory.accumulation.held_grad_bytes_theory(P, P, 8, no_sync=True)
-             - theory.accumulation.held_grad_bytes_theory(P, P, 8, no_sync=False))
+    extra = theory.accumulation.held_grad_bytes_theory(
+        P, P, 8, no_sync=True
+    ) - theory.accumulation.held_grad_bytes_theory(P, P, 8, no_sync=False)
     assert extra == 3.5e9
     assert theory.accumulation.fsdp1_padded_numel([5, 8], 4) == 8 + 8
     assert theory.accumulation.reduce_bytes_per_step(100, accum=4, no_sync=False) == 1600
@@ -109,10 +132,15 @@ def _no_division(model, micro_batches, loss_fn):
             loss_fn(model(x), y).backward()
 
 
-@pytest.mark.parametrize("loop, words", [(_all_no_sync, "last micro-batch"),
-                                         (_sync_every, "no backward ran inside"),
-                                         (_lesson_loop, "equal micro-batches would give"),
-                                         (_no_division, "differs from the one of a single batch")])
+@pytest.mark.parametrize(
+    "loop, words",
+    [
+        (_all_no_sync, "last micro-batch"),
+        (_sync_every, "no backward ran inside"),
+        (_lesson_loop, "equal micro-batches would give"),
+        (_no_division, "differs from the one of a single batch"),
+    ],
+)
 def test_exercise_explains_wrong_loops_without_torchrun(loop, words):
     passed, message = ex3.check_accumulate(loop)
     assert not passed and words in message, message
@@ -122,11 +150,13 @@ def test_exercise_explains_wrong_loops_without_torchrun(loop, words):
 def test_exercise_untouched_is_not_attempted():
     def accumulate(model, micro_batches, loss_fn):
         raise NotImplementedError
+
     with pytest.raises(NotImplementedError):
         ex3.check_accumulate(accumulate)
 
 
 # --- under torchrun ----------------------------------------------------------------------------
+
 
 def test_both_apis_match_the_big_batch_and_no_sync_reduces_once(notebook_launch):
     """K = 4, both APIs, no_sync on and off: equal gradients on every rank in all four; one
@@ -135,18 +165,26 @@ def test_both_apis_match_the_big_batch_and_no_sync_reduces_once(notebook_launch)
     proc, data = notebook_launch
     runs, n = runs_by(data), data["world_size"]
     k4 = sorted(key for key in runs if key[1] == 4)
-    assert k4 == sorted((api, 4, no_sync, bug) for api in ("fsdp1", "fsdp2")
-                        for no_sync, bug in ((True, "none"), (True, "no-sync-last"), (False, "none")))
+    assert k4 == sorted(
+        (api, 4, no_sync, bug)
+        for api in ("fsdp1", "fsdp2")
+        for no_sync, bug in ((True, "none"), (True, "no-sync-last"), (False, "none"))
+    )
     # the rest is the sweep's other K: classic FSDP, no_sync on and off
-    assert sorted(set(runs) - set(k4)) == sorted(("fsdp1", k, no_sync, "none") for k in (1, 2, 8)
-                                                 for no_sync in (True, False))
+    assert sorted(set(runs) - set(k4)) == sorted(
+        ("fsdp1", k, no_sync, "none") for k in (1, 2, 8) for no_sync in (True, False)
+    )
     for api in ("fsdp1", "fsdp2"):
         on, off = runs[(api, 4, True, "none")], runs[(api, 4, False, "none")]
         P, P_pad = on["num_params"], on["padded_numel"]
         for run in (on, off):
             assert run["grads_equal"], api
             for rank in run["ranks"]:
-                assert rank["held"] == "sharded" and rank["rel_err"] < 1e-5 and abs(rank["scale"] - 1) < 1e-5
+                assert (
+                    rank["held"] == "sharded"
+                    and rank["rel_err"] < 1e-5
+                    and abs(rank["scale"] - 1) < 1e-5
+                )
                 assert rank["step_changed_params"]
         assert on["reduce_bytes"] == on["reduce_bytes_theory"] == 4 * P_pad
         assert off["reduce_bytes"] == off["reduce_bytes_theory"] == 4 * 4 * P_pad
@@ -164,7 +202,11 @@ def test_both_apis_match_the_big_batch_and_no_sync_reduces_once(notebook_launch)
     blocks, summary = proc.stdout.split("\nper optimizer step")
     blocks = blocks.split("\n== ")[1:]
     assert len(blocks) == 14 and all(len(b.splitlines()) <= 15 for b in blocks)
-    assert len(summary.splitlines()) == 3 + 14 and "| no-sync-last |" in summary and " 2+2+2+1 |" in summary
+    assert (
+        len(summary.splitlines()) == 3 + 14
+        and "| no-sync-last |" in summary
+        and " 2+2+2+1 |" in summary
+    )
 
 
 def test_instruments_watch_step_0_and_ms_per_step_times_the_others(notebook_launch):
@@ -176,7 +218,9 @@ def test_instruments_watch_step_0_and_ms_per_step_times_the_others(notebook_laun
         assert first["step"] == 0 and first["peak_mib"] > 0 and first["sent_mib"] > 0
         assert all(row["peak_mib"] is None and row["sent_mib"] is None for row in later)
         assert run["ms_per_step"] == (later[0]["ms"] if later else None)  # the fsdp1 bug stops at 0
-    assert [cell.strip() for cell in proc.stdout.split("\n    1 |")[1].splitlines()[0].split("|")[2:]] == ["-", "-"]
+    assert [
+        cell.strip() for cell in proc.stdout.split("\n    1 |")[1].splitlines()[0].split("|")[2:]
+    ] == ["-", "-"]
 
 
 def test_sweep_bytes_and_memory_against_k(notebook_launch):
@@ -201,7 +245,10 @@ def test_no_sync_last_bug_is_caught_and_explained(notebook_launch):
     out = proc.stdout
     assert "Traceback" not in out
     runs = runs_by(data)
-    fsdp1, fsdp2 = runs[("fsdp1", 4, True, "no-sync-last")], runs[("fsdp2", 4, True, "no-sync-last")]
+    fsdp1, fsdp2 = (
+        runs[("fsdp1", 4, True, "no-sync-last")],
+        runs[("fsdp2", 4, True, "no-sync-last")],
+    )
 
     assert "must match the size of tensor b" in fsdp1["step_error"]
     # the quiz cites these as measured in lesson 3 (q_no_sync_last): the root unit's flat
@@ -269,34 +316,64 @@ def test_bad_flags_are_one_line():
 
 def test_planned_runs_skip_combinations_that_show_nothing():
     from types import SimpleNamespace
+
     runs = lesson_script(3, "runs")
-    Apis, Bugs, Counts, Sizes, Switches = (runs.Apis, runs.Bugs, runs.Counts, runs.Sizes,
-                                           runs.Switches)
+    Apis, Bugs, Counts, Sizes, Switches = (
+        runs.Apis,
+        runs.Bugs,
+        runs.Counts,
+        runs.Sizes,
+        runs.Switches,
+    )
     from fsdp_course.dist import CourseError
 
     def plan(no_sync, bug, last):
-        return runs.combinations(SimpleNamespace(api=Apis("fsdp1"), no_sync=Switches(no_sync),
-                                                     accum=Counts("3"), bug=Bugs(bug),
-                                                     last_batch_size=Sizes(last), batch_size=2))
+        return runs.combinations(
+            SimpleNamespace(
+                api=Apis("fsdp1"),
+                no_sync=Switches(no_sync),
+                accum=Counts("3"),
+                bug=Bugs(bug),
+                last_batch_size=Sizes(last),
+                batch_size=2,
+            )
+        )
+
     assert plan("on,off", "none,no-sync-last", "0,1") == [
-        ("fsdp1", (2, 2, 2), True, "none"), ("fsdp1", (2, 2, 1), True, "none"),
-        ("fsdp1", (2, 2, 2), True, "no-sync-last"), ("fsdp1", (2, 2, 2), False, "none")]
-    assert plan("on", "none", "2") == [("fsdp1", (2, 2, 2), True, "none")]  # 2 = --batch-size: not short
+        ("fsdp1", (2, 2, 2), True, "none"),
+        ("fsdp1", (2, 2, 1), True, "none"),
+        ("fsdp1", (2, 2, 2), True, "no-sync-last"),
+        ("fsdp1", (2, 2, 2), False, "none"),
+    ]
+    # 2 = --batch-size: not short
+    assert plan("on", "none", "2") == [("fsdp1", (2, 2, 2), True, "none")]
     with pytest.raises(CourseError, match="short last micro-batch runs with --no-sync on"):
         plan("off", "none", "1")
 
 
 def test_list_flags_parse_once_into_typed_values():
     runs = lesson_script(3, "runs")
-    Apis, Bugs, Counts, Sizes, Switches = (runs.Apis, runs.Bugs, runs.Counts, runs.Sizes,
-                                           runs.Switches)
+    Apis, Bugs, Counts, Sizes, Switches = (
+        runs.Apis,
+        runs.Bugs,
+        runs.Counts,
+        runs.Sizes,
+        runs.Switches,
+    )
     assert Counts("1, 2,8") == (1, 2, 8) and str(Counts("1,2")) == "1,2"
     assert Switches("on,off") == (True, False) and str(Switches("off,on")) == "off,on"
     assert Apis("FSDP2,fsdp1") == ("fsdp2", "fsdp1")
     assert Bugs("none, no-sync-last") == ("none", "no-sync-last") and str(Bugs("none")) == "none"
     assert Sizes("0,1") == (0, 1)
-    for kind, bad in ((Counts, "0"), (Counts, "4,x"), (Counts, ""), (Switches, "yes"), (Apis, "fsdp3"),
-                      (Bugs, "no-sync"), (Sizes, "-1")):
+    for kind, bad in (
+        (Counts, "0"),
+        (Counts, "4,x"),
+        (Counts, ""),
+        (Switches, "yes"),
+        (Apis, "fsdp3"),
+        (Bugs, "no-sync"),
+        (Sizes, "-1"),
+    ):
         with pytest.raises(Exception, match=kind.expected.split(",")[0]):
             kind(bad)
 
@@ -308,38 +385,64 @@ def test_variants_run_after_the_command_line_and_bad_ones_are_one_line(capsys):
     torchrun, as test_bad_flags_are_one_line launches), naming the variant."""
     from fsdp_course.config import parse_config
     from fsdp_course.dist import CourseError
+
     train = lesson_script(3)
 
     cfg = parse_config(train.Config, argv=list(LAUNCH))
     assert [str(v) for v in cfg.variants] == [
-        "(api=fsdp2,accum=4,steps=2)", "(accum=4,steps=2,bug=no-sync-last)",
-        "(api=fsdp2,accum=4,steps=2,bug=no-sync-last)", "(accum=4,steps=2,last-batch-size=1)",
-        "(api=fsdp2,accum=4,steps=2,last-batch-size=1)"]
+        "(api=fsdp2,accum=4,steps=2)",
+        "(accum=4,steps=2,bug=no-sync-last)",
+        "(api=fsdp2,accum=4,steps=2,bug=no-sync-last)",
+        "(accum=4,steps=2,last-batch-size=1)",
+        "(api=fsdp2,accum=4,steps=2,last-batch-size=1)",
+    ]
     plan = train.planned_runs(cfg)
-    sweep = [(1, "fsdp1", (2,) * k, no_sync, "none") for no_sync in (True, False) for k in (1, 2, 4, 8)]
-    assert [(c.steps, api, sizes, no_sync, bug) for c, api, sizes, no_sync, bug in plan] == sweep + [
-        (2, "fsdp2", (2, 2, 2, 2), True, "none"), (2, "fsdp2", (2, 2, 2, 2), False, "none"),
-        (2, "fsdp1", (2, 2, 2, 2), True, "no-sync-last"), (2, "fsdp2", (2, 2, 2, 2), True, "no-sync-last"),
-        (2, "fsdp1", (2, 2, 2, 1), True, "none"), (2, "fsdp2", (2, 2, 2, 1), True, "none")]
-    variant = plan[-1][0]  # typed like the command line's flags; the list flags it leaves are inherited
-    assert (variant.api, variant.accum, variant.no_sync, variant.last_batch_size, variant.variants) == (
-        ("fsdp2",), (4,), (True, False), (1,), None)
+    sweep = [
+        (1, "fsdp1", (2,) * k, no_sync, "none") for no_sync in (True, False) for k in (1, 2, 4, 8)
+    ]
+    assert [
+        (c.steps, api, sizes, no_sync, bug) for c, api, sizes, no_sync, bug in plan
+    ] == sweep + [
+        (2, "fsdp2", (2, 2, 2, 2), True, "none"),
+        (2, "fsdp2", (2, 2, 2, 2), False, "none"),
+        (2, "fsdp1", (2, 2, 2, 2), True, "no-sync-last"),
+        (2, "fsdp2", (2, 2, 2, 2), True, "no-sync-last"),
+        (2, "fsdp1", (2, 2, 2, 1), True, "none"),
+        (2, "fsdp2", (2, 2, 2, 1), True, "none"),
+    ]
+    # typed like the command line's flags; the list flags it leaves are inherited
+    variant = plan[-1][0]
+    assert (
+        variant.api,
+        variant.accum,
+        variant.no_sync,
+        variant.last_batch_size,
+        variant.variants,
+    ) == (("fsdp2",), (4,), (True, False), (1,), None)
     assert type(variant.accum) is type(cfg.accum) and variant.batch_size == 2
 
-    for text, needle in (("seed=1", "--variants: no flag --seed in a variant"),
-                         ("warp=1", "--variants: no flag --warp"),
-                         ("accum=0", "--variants: accum=0: '0': whole numbers of 1 or more"),
-                         ("api=fsdp2;no-sync=maybe", "--variants: no-sync=maybe: 'maybe': on, off"),
-                         ("steps=x", "--variants: steps=x: not a number"),
-                         ("bug=no-sync-last,no-sync=off",
-                          r"--variants \(bug=no-sync-last,no-sync=off\): --bug no-sync-last is about no_sync"),
-                         ("no-sync=off,last-batch-size=1",
-                          r"--variants \(no-sync=off,last-batch-size=1\): --last-batch-size: a short last"),
-                         ("api=fsdp2", r"--variants \(api=fsdp2\): --loop-file: the exercise")):
+    for text, needle in (
+        ("seed=1", "--variants: no flag --seed in a variant"),
+        ("warp=1", "--variants: no flag --warp"),
+        ("accum=0", "--variants: accum=0: '0': whole numbers of 1 or more"),
+        ("api=fsdp2;no-sync=maybe", "--variants: no-sync=maybe: 'maybe': on, off"),
+        ("steps=x", "--variants: steps=x: not a number"),
+        (
+            "bug=no-sync-last,no-sync=off",
+            r"--variants \(bug=no-sync-last,no-sync=off\): --bug no-sync-last is about no_sync",
+        ),
+        (
+            "no-sync=off,last-batch-size=1",
+            r"--variants \(no-sync=off,last-batch-size=1\): --last-batch-size: a short last",
+        ),
+        ("api=fsdp2", r"--variants \(api=fsdp2\): --loop-file: the exercise"),
+    ):
         argv = ["--variants", text] + (["--loop-file", "mine.py"] if text == "api=fsdp2" else [])
         with pytest.raises(CourseError, match=needle) as refused:
             train.planned_runs(parse_config(train.Config, argv=argv))
         assert "\n" not in str(refused.value)
     with pytest.raises(SystemExit) as refused:  # argparse's own one-line error
         parse_config(train.Config, argv=["--variants", "accum"])
-    assert refused.value.code == 2 and "write flag=value" in capsys.readouterr().err.splitlines()[-1]
+    assert (
+        refused.value.code == 2 and "write flag=value" in capsys.readouterr().err.splitlines()[-1]
+    )

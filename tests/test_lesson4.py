@@ -8,6 +8,7 @@ ranks, the exercise's check of section 3's own functions (it must fail), and on 
 between saves and a checkpoint of another model. The other bad inputs go through the script's
 own checks in this process.
 """
+
 import importlib.util
 from datetime import timedelta
 from pathlib import Path
@@ -38,8 +39,17 @@ def results(run, metrics) -> dict:
 def main_run():
     """The notebook's main launch: rank 1 is killed inside the step-8 save on the first attempt;
     the restarted job resumes, then runs the state-dict tour. (run, metrics)"""
-    return launch(4, "--ckpt-dir", RUN, "--crash-at-step", "8", "--crash-in", "save",
-                  "--demo", "torch-save,types,rng")
+    return launch(
+        4,
+        "--ckpt-dir",
+        RUN,
+        "--crash-at-step",
+        "8",
+        "--crash-in",
+        "save",
+        "--demo",
+        "torch-save,types,rng",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +65,8 @@ def test_torch_save_writes_a_full_copy_with_classic_fsdp_and_a_part_with_fsdp2(m
     # classic: the default FULL_STATE_DICT all-gathered every unit, every rank wrote the model ...
     assert [r["model bytes held"] for r in classic] == [full_bytes, full_bytes]
     assert all(r["collectives"]["all_gather"]["calls"] > 0 for r in classic)
-    # ... but only its shard of the optimizer state, keyed by flat parameter, which plain AdamW refuses
+    # ... but only its shard of the optimizer state, keyed by flat parameter,
+    # which plain AdamW refuses
     assert classic[0]["optim_keys"] == [0, 1, 2]
     loads = {row["what"].split(".")[0]: row for row in pitfall["classic_loads"]}
     assert loads["plain GPT"]["ok"] and not loads["plain AdamW"]["ok"]
@@ -75,8 +86,14 @@ def test_torch_save_writes_a_full_copy_with_classic_fsdp_and_a_part_with_fsdp2(m
 def test_state_dict_types_classic_gathers_fsdp2_does_not_ddp_is_written_once(main):
     types = main["types"]
     rows = {row["state dict"]: row for row in types["rows"]}
-    assert list(rows) == ["classic FULL_STATE_DICT", "classic SHARDED_STATE_DICT", "classic LOCAL_STATE_DICT",
-                          "classic get_state_dict", "FSDP2 get_state_dict", "DDP get_state_dict"]
+    assert list(rows) == [
+        "classic FULL_STATE_DICT",
+        "classic SHARDED_STATE_DICT",
+        "classic LOCAL_STATE_DICT",
+        "classic get_state_dict",
+        "FSDP2 get_state_dict",
+        "DDP get_state_dict",
+    ]
     assert all(row["round trip equal"] for row in rows.values())
     assert types["from_classic"] == {"FSDP2": True, "DDP": True}
     param_bytes = types["param_bytes"]
@@ -97,9 +114,13 @@ def test_state_dict_types_classic_gathers_fsdp2_does_not_ddp_is_written_once(mai
     # DDP: every rank holds everything, DCP writes it once: fewer data bytes than FSDP2's one copy
     ddp, fsdp2 = rows["DDP get_state_dict"], rows["FSDP2 get_state_dict"]
     assert ddp["held rank 0"] == ddp["held max other"] == full["held rank 0"]
-    assert ddp["file bytes"] - ddp["of which .metadata"] < fsdp2["file bytes"] - fsdp2["of which .metadata"]
-    assert types["warning"].startswith("FutureWarning: FSDP.state_dict_type() and FSDP.set_state_dict_type() "
-                                       "are being deprecated")
+    assert (
+        ddp["file bytes"] - ddp["of which .metadata"]
+        < fsdp2["file bytes"] - fsdp2["of which .metadata"]
+    )
+    assert types["warning"].startswith(
+        "FutureWarning: FSDP.state_dict_type() and FSDP.set_state_dict_type() are being deprecated"
+    )
 
 
 @pytest.mark.slow
@@ -111,7 +132,11 @@ def test_rng_state_is_written_once_so_a_seed_per_rank_is_lost(main):
     assert len({r["saved RNG"] for r in per_rank}) == 2  # two streams went in ...
     assert len({r["restored RNG"] for r in per_rank}) == 1  # ... one came back, to both ranks
     assert sorted(r["own state back"] for r in per_rank) == [False, True]
-    assert all(r["next rand() after load"] != r["next rand() expected"] for r in per_rank if not r["own state back"])
+    assert all(
+        r["next rand() after load"] != r["next rand() expected"]
+        for r in per_rank
+        if not r["own state back"]
+    )
     assert all(len(files.split(", ")) == 1 for files in main["rng"]["rng_file"].values())
 
 
@@ -120,8 +145,15 @@ def test_resume_is_bitwise_model_optimizer_and_rng(main):
     for name, first in (("restored", 4), ("uninterrupted", 0)):
         verdict = main[f"equal_{name}"]
         assert verdict["equal"] and verdict["from_step"] == first, verdict
-        assert verdict["tensors"] == len(main["final"]) and sum(k.startswith("rng.") for k in main["final"]) == 2
-    assert sorted(f["file"] for f in main["checkpoint_files"]) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+        assert (
+            verdict["tensors"] == len(main["final"])
+            and sum(k.startswith("rng.") for k in main["final"]) == 2
+        )
+    assert sorted(f["file"] for f in main["checkpoint_files"]) == [
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]
 
 
 @pytest.mark.slow
@@ -132,8 +164,17 @@ def test_load_on_3_ranks_what_2_saved(main):
 
 
 def test_rank0_only_state_dict_fails_in_bounded_time():
-    run, _ = launch(4, "--bug", "rank0-only", "--steps", "1", "--ckpt-dir", WORK / "hang",
-                    env={"COURSE_TIMEOUT_S": "2"})  # the notebook's launch
+    # the notebook's launch
+    run, _ = launch(
+        4,
+        "--bug",
+        "rank0-only",
+        "--steps",
+        "1",
+        "--ckpt-dir",
+        WORK / "hang",
+        env={"COURSE_TIMEOUT_S": "2"},
+    )
     assert run.returncode != 0
     assert "Timed out" in run.stdout and "COURSE_TIMEOUT_S=2" in run.stdout
     assert "Traceback" not in run.stdout
@@ -145,7 +186,9 @@ def test_default_collective_timeouts_from_torch_source():
     import torch.distributed.constants as constants
 
     assert constants.default_pg_timeout == timedelta(minutes=30)
-    header = Path(torch.__file__).parent / "include/torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp"
+    header = (
+        Path(torch.__file__).parent / "include/torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp"
+    )
     text = " ".join(header.read_text().split())
     assert "kProcessGroupNCCLDefaultTimeout = std::chrono::milliseconds(10 * 60 * 1000)" in text
 
@@ -153,8 +196,10 @@ def test_default_collective_timeouts_from_torch_source():
 def test_offload_to_cpu_fails_on_cpu_ranks_in_one_line():
     run, _ = launch(4, "--bug", "offload-cpu", "--steps", "1", "--ckpt-dir", WORK / "offload")
     assert run.returncode == 1
-    assert any(line.startswith("[rank 0] error: RuntimeError: setStorage") and "out of bounds" in line
-               for line in run.stderr.splitlines()), run.stderr[-2000:]
+    assert any(
+        line.startswith("[rank 0] error: RuntimeError: setStorage") and "out of bounds" in line
+        for line in run.stderr.splitlines()
+    ), run.stderr[-2000:]
     assert "Traceback" not in run.stdout
 
 
@@ -163,13 +208,17 @@ def test_killed_save_leaves_previous_checkpoint_loadable(main_run):
     run, metrics = main_run
     found = results(run, metrics)
     assert "simulated crash while saving .tmp-step_000008" in run.stdout
-    assert found["restart_count"] == 1 and found["resumed_from"] == 4  # the previous, complete checkpoint
-    assert found["partial_found"] == [{"dir": ".tmp-step_000008", "files": ["__0_0.distcp", "__1_0.distcp"]}]
+    # the previous, complete checkpoint
+    assert found["restart_count"] == 1 and found["resumed_from"] == 4
+    assert found["partial_found"] == [
+        {"dir": ".tmp-step_000008", "files": ["__0_0.distcp", "__1_0.distcp"]}
+    ]
     # torchrun was allowed one restart: launch/lesson4.sh's own default for --crash-at-step (the
     # notebook gives no MAX_RESTARTS; the next test removes it from the environment to be sure)
     assert "--max-restarts=1 " in run.stdout
     assert found["equal_restored"]["equal"] and found["equal_uninterrupted"]["equal"]
-    assert [p.name for p in partial(RUN) + published(RUN)] == ["step_000004", "step_000008"]  # no .tmp left
+    # no .tmp left
+    assert [p.name for p in partial(RUN) + published(RUN)] == ["step_000004", "step_000008"]
     assert [row["step"] for row in metrics["history"]] == [4, 5, 6, 7]  # the second attempt's steps
 
 
@@ -177,8 +226,15 @@ def test_killed_save_leaves_previous_checkpoint_loadable(main_run):
 def test_crash_between_saves_restarts_and_resumes(tmp_path):
     # the docstring's command: no MAX_RESTARTS given, launch/lesson4.sh allows one restart itself.
     # One rank is enough (it is the one killed); the main launch restarts 2 ranks.
-    run, metrics = launch(4, "--crash-at-step", "5", "--ckpt-dir", tmp_path / "ckpt", nproc=1,
-                          env={"MAX_RESTARTS": None})
+    run, metrics = launch(
+        4,
+        "--crash-at-step",
+        "5",
+        "--ckpt-dir",
+        tmp_path / "ckpt",
+        nproc=1,
+        env={"MAX_RESTARTS": None},
+    )
     found = results(run, metrics)
     assert "[rank 0] simulated crash at step 5" in run.stdout and "--max-restarts=1 " in run.stdout
     assert found["restart_count"] == 1 and found["resumed_from"] == 4
@@ -192,10 +248,11 @@ def test_mismatched_checkpoint_is_a_one_line_error(tmp_path):
     dcp.save({"model": {"tok_emb.weight": torch.zeros(27, 32)}}, checkpoint_id=other)
     run, _ = launch(4, "--load", other, nproc=1)
     assert run.returncode == 2, run.stderr
-    assert any(line.startswith("error: ") and "saved from another model" in line and "[27, 32]" in line
-               for line in run.stderr.splitlines()), run.stderr
+    assert any(
+        line.startswith("error: ") and "saved from another model" in line and "[27, 32]" in line
+        for line in run.stderr.splitlines()
+    ), run.stderr
     assert "Traceback" not in run.stderr
-
 
 
 def test_missing_restarts_and_keep_0_are_one_line_errors(capsys, monkeypatch):
@@ -256,7 +313,8 @@ def _functions(path: Path):
 
 @pytest.mark.slow
 def test_exercise_passes_the_solution(tmp_path):
-    save, load = _functions(REPO / "solutions" / "lesson4_dcp_save_load.py")  # the notebook's launch
+    # the notebook's launch
+    save, load = _functions(REPO / "solutions" / "lesson4_dcp_save_load.py")
     passed, message = check_dcp_save_load(save, load=load)
     assert passed, message
 
@@ -266,36 +324,48 @@ def test_exercise_fails_section_3s_functions_and_says_which_rank(tmp_path):
     """The script's own save/load (one RNG key for all ranks) restore model and optimizer: the
     check must fail them, naming the rank that came back with another rank's RNG state."""
     module = tmp_path / "section3.py"
-    module.write_text('''import torch
+    module.write_text("""import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 
 def save(path, model, optimizer):
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd, "rng": torch.get_rng_state()}, checkpoint_id=path)
+    dcp.save(
+        {"model": model_sd, "optim": optim_sd, "rng": torch.get_rng_state()}, checkpoint_id=path
+    )
 
 
 def load(path, model, optimizer):
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd, "rng": torch.get_rng_state()}
     dcp.load(state, checkpoint_id=path)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
     torch.set_rng_state(state["rng"])
-''')
+""")
     passed, message = check_dcp_save_load(*_functions(module))
     assert not passed
     assert "model and optimizer came back" in message and "came back with rank" in message, message
 
 
 def test_quiz_open_question_graded_in_english_and_chinese():
-    right_en = ("Each rank only holds its own shard, so a full state dict needs an all-gather "
-                "collective on every rank, and the optimizer state is sharded too.")
-    right_zh = "每个 rank 只有自己的分片，完整 state dict 需要所有 rank 做 all-gather，优化器状态也是分片的。"
+    right_en = (
+        "Each rank only holds its own shard, so a full state dict needs an all-gather "
+        "collective on every rank, and the optimizer state is sharded too."
+    )
+    right_zh = (
+        "每个 rank 只有自己的分片，完整 state dict 需要所有 rank 做 all-gather，"
+        "优化器状态也是分片的。"
+    )
     for answer, lang in ((right_en, "en"), (right_zh, "zh")):
         r = quizzes.grade("lesson4", "q_why_not_torch_save", answer, lang)
         assert r.correct, r.feedback
-    for answer, lang in (("Because the file would be too big to upload.", "en"), ("因为文件太大了。", "zh")):
+    for answer, lang in (
+        ("Because the file would be too big to upload.", "en"),
+        ("因为文件太大了。", "zh"),
+    ):
         r = quizzes.grade("lesson4", "q_why_not_torch_save", answer, lang)
         assert not r.correct and r.feedback.strip()
     assert not quizzes.grade("lesson4", "q_rank0_only_hang", "a", "en").correct

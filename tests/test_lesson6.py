@@ -7,6 +7,7 @@ launch (2 ranks), the 4-rank launch (part A's bug and two fixes, part C's reduce
 exercise's check of the solution. Only the tests start one more: a bad flag, on 1 rank. The other
 bad flag and --help go through the script's own parser in this process.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -22,12 +23,22 @@ from helpers import lesson_script
 
 # The notebook's launches (lessons/06_silent_bugs/06_silent_bugs.ipynb).
 LESSON = MYSTERY.parent  # the exercise's loops import the lesson's nets.py
-N4_FLAGS = ("--parts", "init,precision", "--init", "per-rank-seed,broadcast,load-rank0", "--steps", "2",
-            "--precision", "fsdp2:fp32/fp32,fsdp2:fp32/bf16,fsdp2:bf16/bf16", "--precision-steps", "1")
+N4_FLAGS = (
+    "--parts",
+    "init,precision",
+    "--init",
+    "per-rank-seed,broadcast,load-rank0",
+    "--steps",
+    "2",
+    "--precision",
+    "fsdp2:fp32/fp32,fsdp2:fp32/bf16,fsdp2:bf16/bf16",
+    "--precision-steps",
+    "1",
+)
 SHAPES = [[192, 32], [192], [192, 192], [192], [1, 192], [1]]  # RotaryRegressor's parameters
 
-FIX_TOLERANCE = 1e-4   # fp32 fixes vs the reference, after 6 AdamW steps (measured ~1e-5)
-BUG_MINIMUM = 0.05     # the bugs are off by more than this (measured 0.1 and more)
+FIX_TOLERANCE = 1e-4  # fp32 fixes vs the reference, after 6 AdamW steps (measured ~1e-5)
+BUG_MINIMUM = 0.05  # the bugs are off by more than this (measured 0.1 and more)
 
 
 def ok(run):
@@ -55,28 +66,42 @@ def test_init_bug_differs_and_every_fix_matches(main_run):
     results, out = main_run
     runs = by(results["init"]["runs"], "variant")
     bug = runs["per-rank-seed"]
-    assert bug["init_diff"] > BUG_MINIMUM and bug["final_diff"] > BUG_MINIMUM and bug["loss_diff"] > 1e-3
+    assert (
+        bug["init_diff"] > BUG_MINIMUM
+        and bug["final_diff"] > BUG_MINIMUM
+        and bug["loss_diff"] > 1e-3
+    )
     # The detector sees the bug before wrapping, and nothing after (all-gathered = identical).
     assert len(bug["before_wrap"]["differ"]) == 11 and bug["after_wrap"]["differ"] == []
-    assert bug["before_wrap"]["bytes"] == 2 * 16 * bug["before_wrap"]["checked"]  # 2 float64 per tensor per rank
+    # 2 float64 per tensor per rank
+    assert bug["before_wrap"]["bytes"] == 2 * 16 * bug["before_wrap"]["checked"]
     sources = {run["from"] for row in bug["origins"] for run in row["runs"]}
     assert sources == {"rank 0", "rank 1", "all"}, sources  # the gathered model mixes both inits
-    split = [row["name"] for row in bug["origins"] if len({r["from"] for r in row["runs"]} - {"all"}) == 2]
+    split = [
+        row["name"]
+        for row in bug["origins"]
+        if len({r["from"] for r in row["runs"]} - {"all"}) == 2
+    ]
     assert split, "some parameter is cut between the ranks' inits"
     for name in ("ddp", "same-seed", "broadcast", "sync-module-states", "load-rank0"):
         fix = runs[name]
         assert fix["init_diff"] == 0, name
         assert fix["final_diff"] < FIX_TOLERANCE and fix["loss_diff"] < 1e-5, name
-    assert runs["ddp"]["after_ddp"]["differ"] == [] and len(runs["ddp"]["before_wrap"]["differ"]) == 11
+    assert (
+        runs["ddp"]["after_ddp"]["differ"] == [] and len(runs["ddp"]["before_wrap"]["differ"]) == 11
+    )
     assert runs["same-seed"]["before_wrap"]["differ"] == []
     assert runs["sync-module-states"]["error"].startswith(
-        "ValueError: The module has CPU parameters or buffers when `sync_module_states=True`")
+        "ValueError: The module has CPU parameters or buffers when `sync_module_states=True`"
+    )
     meta = runs["fsdp2-meta"]
     assert meta["init_diff"] > BUG_MINIMUM and meta["final_diff"] > BUG_MINIMUM
     # On CPU ranks each shard is drawn from the rank's own generator: only rank 0's rows of the
     # first parameter drawn coincide with the single-process init.
     equal = meta["equal_to_reference"]
-    assert equal["equal"] < 0.02 * equal["elements"] and list(equal["tensors"]) == ["tok_emb.weight"]
+    assert equal["equal"] < 0.02 * equal["elements"] and list(equal["tensors"]) == [
+        "tok_emb.weight"
+    ]
     assert "A. initialisation" in out
 
 
@@ -105,11 +130,15 @@ def test_batchnorm_stats_differ_and_the_fixes_match(main_run):
     assert plain["stats_across_ranks"] > 0.1 and plain["stats_vs_global"] > 0.1
     assert plain["grad_rel_error"] > 0.1 and plain["output_diff"] > 0.1
     ddp = runs["ddp"]  # rank 0's buffers broadcast before each forward: closer, still not global
-    assert 0 < ddp["stats_across_ranks"] < plain["stats_across_ranks"] and ddp["stats_vs_global"] > 0.1
+    assert (
+        0 < ddp["stats_across_ranks"] < plain["stats_across_ranks"] and ddp["stats_vs_global"] > 0.1
+    )
     assert ddp["grad_rel_error"] == pytest.approx(plain["grad_rel_error"], rel=1e-4)
     fixed = runs["allreduce-bn"]
     assert fixed["stats_across_ranks"] == 0 and fixed["stats_vs_global"] < 1e-5
-    assert fixed["grad_rel_error"] < 1e-5 and fixed["output_diff"] < 1e-5 and fixed["loss_diff"] < 1e-5
+    assert (
+        fixed["grad_rel_error"] < 1e-5 and fixed["output_diff"] < 1e-5 and fixed["loss_diff"] < 1e-5
+    )
     for name in ("layernorm", "groupnorm"):
         assert runs[name]["grad_rel_error"] < 1e-5 and "stats_across_ranks" not in runs[name]
     assert "SyncBatchNorm expected input tensor to be on GPU" in runs["syncbn"]["error"]
@@ -129,14 +158,20 @@ def test_batchnorm_error_shrinks_with_the_per_rank_batch(main_run):
 def test_batchnorm_buffers_and_classic_mixed_precision(main_run):
     results, _ = main_run
     rows = by(by(results["batchnorm"]["runs"], "variant")["batchnorm"]["layout"], "name")
-    assert rows["layers.0.0.weight"]["class"] == "DTensor" and rows["layers.0.0.weight"]["local shape"] == [64, 32]
+    assert rows["layers.0.0.weight"]["class"] == "DTensor" and rows["layers.0.0.weight"][
+        "local shape"
+    ] == [64, 32]
     for name in ("layers.0.1.running_mean", "layers.0.1.running_var"):
         assert rows[name]["class"] == "Tensor" and rows[name]["local shape"] == [128]  # not sharded
-    mp = {(r["auto_wrap_policy"], r["buffer_dtype"], r["module"]): r
-          for r in results["batchnorm"]["classic_mixed_precision"]}
+    mp = {
+        (r["auto_wrap_policy"], r["buffer_dtype"], r["module"]): r
+        for r in results["batchnorm"]["classic_mixed_precision"]
+    }
     bn = mp[("ModuleWrapPolicy", "bfloat16", "layers.0.1")]
     assert bn["weight dtype in forward"] == "float32" and bn["running_mean"] == "float32"
-    assert mp[("ModuleWrapPolicy", "bfloat16", "layers.0.0")]["weight dtype in forward"] == "bfloat16"
+    assert (
+        mp[("ModuleWrapPolicy", "bfloat16", "layers.0.0")]["weight dtype in forward"] == "bfloat16"
+    )
     assert "auto_wrap_policy" in bn["warning"]
     # The input reaches the ignored BatchNorm in bf16; FSDP's own pre-hook casts it to fp32 for it.
     assert (bn["input as it arrives"], bn["input it computes with"]) == ("bfloat16", "float32")
@@ -144,10 +179,15 @@ def test_batchnorm_buffers_and_classic_mixed_precision(main_run):
     # its running statistics in bf16 only when buffer_dtype says so; left fp32, BatchNorm refuses.
     for buffers in ("bfloat16", "None"):
         bn = mp[("none", buffers, "layers.0.1")]
-        assert bn["weight dtype in forward"] == "bfloat16" and bn["input it computes with"] == "bfloat16"
+        assert (
+            bn["weight dtype in forward"] == "bfloat16"
+            and bn["input it computes with"] == "bfloat16"
+        )
         assert bn["running_mean"] == ("bfloat16" if buffers == "bfloat16" else "float32")
     assert mp[("none", "bfloat16", "layers.0.1")]["error"] == ""
-    assert mp[("none", "None", "layers.0.1")]["error"].startswith("RuntimeError: expected scalar type")
+    assert mp[("none", "None", "layers.0.1")]["error"].startswith(
+        "RuntimeError: expected scalar type"
+    )
 
 
 @pytest.mark.slow
@@ -165,13 +205,16 @@ def test_precision_dtypes_bytes_and_errors(main_run):
         dtypes = [theory_dtype(s) for s in spec]
         api = label.split(":")[0]
         expected = theory.collective_bytes(SHAPES, 2, dtypes[0], dtypes[1], api)
-        gathers = 2 if label.endswith("+unit") else 1  # a non-root unit is gathered again in backward
+        # a non-root unit is gathered again in backward
+        gathers = 2 if label.endswith("+unit") else 1
         assert run["collectives"]["all_gather"]["bytes"] == gathers * expected["all_gather"], label
         assert run["collectives"]["reduce_scatter"]["bytes"] == expected["reduce_scatter"], label
         assert run["gathered_bytes"] == theory.gathered_bytes(SHAPES, dtypes[0]), label
         assert run["dtypes"]["gathered params"] == str(dtypes[0]).replace("torch.", ""), label
         assert run["dtypes"]["reduce"] == str(dtypes[1]).replace("torch.", ""), label
-        assert run["dtypes"]["sharded params"] == run["dtypes"]["optimizer state"] == "float32", label
+        assert run["dtypes"]["sharded params"] == run["dtypes"]["optimizer state"] == "float32", (
+            label
+        )
     # FSDP2 leaves buffers alone; classic MixedPrecision(buffer_dtype=bf16) casts them.
     assert runs["fsdp2:bf16/fp32"]["dtypes"]["buffer"] == "float32"
     assert runs["classic:bf16/fp32/bf16"]["dtypes"]["buffer"] == "bfloat16"
@@ -188,17 +231,21 @@ def test_precision_pitfalls(main_run):
     runs = by(results["precision"]["runs"], "label")
     assert "mat1 and mat2 must have the same dtype" in runs["fsdp2:bf16/fp32+nocast"]["error"]
     fixed = runs["fsdp2:bf16/fp32+nocast+unit"]
-    assert "error" not in fixed and fixed["grad_rel_error"] == pytest.approx(runs["fsdp2:bf16/fp32"]["grad_rel_error"])
+    assert "error" not in fixed and fixed["grad_rel_error"] == pytest.approx(
+        runs["fsdp2:bf16/fp32"]["grad_rel_error"]
+    )
     # bf16 buffer: the angles position * inv_freq are off by radians, the model by far more.
     buffer_bug, buffer_ok = runs["classic:bf16/fp32/bf16"], runs["classic:bf16/fp32/fp32"]
     assert buffer_bug["angle_error"] > 1 and buffer_ok["angle_error"] < 1e-3
-    assert buffer_bug["loss_diff"] > 10 * buffer_ok["loss_diff"] and buffer_bug["grad_rel_error"] > 0.1
+    assert (
+        buffer_bug["loss_diff"] > 10 * buffer_ok["loss_diff"] and buffer_bug["grad_rel_error"] > 0.1
+    )
     # fp16: without a scaler small gradients flush to zero; the scaler keeps them, and when its
     # scale grows too far a step overflows, is skipped, and the scale halves.
     no_scaler, scaler = runs["classic:fp16/fp16/fp32"], runs["classic:fp16/fp16/fp32+scaler"]
     assert no_scaler["grad_zeros"] > scaler["grad_zeros"]
     for run in (scaler, runs["fsdp2:fp16/fp16+scaler"]):
-        assert run["skipped"] >= 1 and max(run["scales"]) == 2 ** 17 and min(run["scales"]) == 2 ** 16
+        assert run["skipped"] >= 1 and max(run["scales"]) == 2**17 and min(run["scales"]) == 2**16
 
 
 @pytest.mark.slow
@@ -208,16 +255,23 @@ def test_bf16_reduce_error_grows_with_ranks(main_run, run_n4):
     n4 = by(run_n4["precision"]["runs"], "label")
     assert n4["fsdp2:fp32/fp32"]["grad_rel_error"] < 1e-6
     assert n4["fsdp2:fp32/bf16"]["grad_rel_error"] > n2["fsdp2:fp32/bf16"]["grad_rel_error"]
-    assert n4["fsdp2:fp32/bf16"]["collectives"]["reduce_scatter"]["bytes"] == \
-        theory.collective_bytes(SHAPES, 4, torch.float32, torch.bfloat16)["reduce_scatter"]
+    assert (
+        n4["fsdp2:fp32/bf16"]["collectives"]["reduce_scatter"]["bytes"]
+        == theory.collective_bytes(SHAPES, 4, torch.float32, torch.bfloat16)["reduce_scatter"]
+    )
 
 
 @pytest.mark.slow
 def test_exercise_mystery_differs_and_solution_passes(main_run, repo_root, monkeypatch):
     results, _ = main_run
     monkeypatch.syspath_prepend(str(LESSON))
-    assert results["exercise"]["param_diff"] > BUG_MINIMUM and not results["exercise"]["matches_reference"]
-    spec = importlib.util.spec_from_file_location("solution", repo_root / "solutions" / "lesson6_find_the_bug.py")
+    assert (
+        results["exercise"]["param_diff"] > BUG_MINIMUM
+        and not results["exercise"]["matches_reference"]
+    )
+    spec = importlib.util.spec_from_file_location(
+        "solution", repo_root / "solutions" / "lesson6_find_the_bug.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     passed, message = check_find_the_bug(module.train)
@@ -234,9 +288,18 @@ def test_untouched_loop_is_not_attempted_and_a_wrong_fix_is_explained(monkeypatc
         check_find_the_bug(module.train)
 
     def fake_run(lesson, *args, **kwargs):  # what the script reports for a loop still wrong
-        return {"world_size": 2, "results": {"exercise": {
-            "param_diff": 0.35, "steps": 6, "tolerance": 1e-4, "matches_reference": False,
-            "findings": [{"where": "before", "differ": ["head.weight"], "checked": 8}]}}}
+        return {
+            "world_size": 2,
+            "results": {
+                "exercise": {
+                    "param_diff": 0.35,
+                    "steps": 6,
+                    "tolerance": 1e-4,
+                    "matches_reference": False,
+                    "findings": [{"where": "before", "differ": ["head.weight"], "checked": 8}],
+                }
+            },
+        }
 
     passed, message = check_find_the_bug(wrong_fix, run=fake_run)
     assert not passed and "differs from one process on the global batch by up to 0.35" in message
@@ -247,7 +310,6 @@ def wrong_fix(env, batches, steps, seed, inspect):  # a "fix" that is not the st
     return None
 
 
-
 def test_help_lists_the_variants(capsys):
     """train.py --help through the script's own parser (the launcher runs --help on one rank:
     tests/test_launch.py)."""
@@ -256,14 +318,30 @@ def test_help_lists_the_variants(capsys):
         parse_config(train.Config, train.__doc__, argv=["--help"])
     assert exited.value.code == 0
     shown = capsys.readouterr().out
-    for variant in ("per-rank-seed", "sync-module-states", "fsdp2-meta", "load-rank0", "allreduce-bn",
-                    "syncbn", "groupnorm", "API:PARAM/REDUCE", "scaler", "nocast"):
+    for variant in (
+        "per-rank-seed",
+        "sync-module-states",
+        "fsdp2-meta",
+        "load-rank0",
+        "allreduce-bn",
+        "syncbn",
+        "groupnorm",
+        "API:PARAM/REDUCE",
+        "scaler",
+        "nocast",
+    ):
         assert variant in shown, variant
 
 
 BAD_FLAGS = [
-    (("--parts", "init,nonsense"), "argument --parts: 'nonsense': choose from init, batchnorm, precision, exercise"),
-    (("--precision", "fsdp2:bf17/fp32"), "argument --precision: fsdp2:bf17/fp32: expected API:PARAM/REDUCE"),
+    (
+        ("--parts", "init,nonsense"),
+        "argument --parts: 'nonsense': choose from init, batchnorm, precision, exercise",
+    ),
+    (
+        ("--precision", "fsdp2:bf17/fp32"),
+        "argument --precision: fsdp2:bf17/fp32: expected API:PARAM/REDUCE",
+    ),
 ]
 
 
@@ -290,24 +368,46 @@ def test_a_bad_flag_under_torchrun_is_one_line(run_launcher):
 
 
 def test_precision_theory():
-    assert theory.significand_bits(torch.bfloat16) == 8 and theory.significand_bits(torch.float16) == 11
-    assert theory.exact_integer_limit(torch.bfloat16) == 256 and theory.exact_integer_limit(torch.float16) == 2048
+    assert (
+        theory.significand_bits(torch.bfloat16) == 8
+        and theory.significand_bits(torch.float16) == 11
+    )
+    assert (
+        theory.exact_integer_limit(torch.bfloat16) == 256
+        and theory.exact_integer_limit(torch.float16) == 2048
+    )
     assert theory.max_rounding_error(4000, torch.bfloat16) == 8
-    assert torch.tensor(257.0, dtype=torch.bfloat16).item() != 257 and torch.tensor(256.0, dtype=torch.bfloat16).item() == 256
-    assert torch.tensor(theory.smallest_subnormal(torch.float16) / 2, dtype=torch.float16).item() == 0
+    assert (
+        torch.tensor(257.0, dtype=torch.bfloat16).item() != 257
+        and torch.tensor(256.0, dtype=torch.bfloat16).item() == 256
+    )
+    assert (
+        torch.tensor(theory.smallest_subnormal(torch.float16) / 2, dtype=torch.float16).item() == 0
+    )
     assert torch.tensor(theory.smallest_subnormal(torch.float16), dtype=torch.float16).item() > 0
-    assert theory.collective_bytes([[3, 2]], 2, torch.bfloat16, torch.float32) == {"all_gather": 16, "reduce_scatter": 32}
-    assert theory.collective_bytes([[3, 2]], 4, torch.float32, torch.float32, "classic") == {"all_gather": 32, "reduce_scatter": 32}
+    assert theory.collective_bytes([[3, 2]], 2, torch.bfloat16, torch.float32) == {
+        "all_gather": 16,
+        "reduce_scatter": 32,
+    }
+    assert theory.collective_bytes([[3, 2]], 4, torch.float32, torch.float32, "classic") == {
+        "all_gather": 32,
+        "reduce_scatter": 32,
+    }
 
 
 def test_allreduce_batchnorm_converts_and_keeps_state():
     norms = lesson_script(6, "norms")  # this lesson's module, as its scripts import it
-    AllReduceBatchNorm, convert_allreduce_batchnorm = norms.AllReduceBatchNorm, norms.convert_allreduce_batchnorm
+    AllReduceBatchNorm, convert_allreduce_batchnorm = (
+        norms.AllReduceBatchNorm,
+        norms.convert_allreduce_batchnorm,
+    )
 
     bn = torch.nn.BatchNorm1d(4)
     bn.running_mean.fill_(1.5)
     model = convert_allreduce_batchnorm(torch.nn.Sequential(torch.nn.Linear(3, 4), bn))
-    assert isinstance(model[1], AllReduceBatchNorm) and torch.equal(model[1].running_mean, bn.running_mean)
+    assert isinstance(model[1], AllReduceBatchNorm) and torch.equal(
+        model[1].running_mean, bn.running_mean
+    )
     x = torch.randn(5, 4)
     model[1].eval()
     bn.eval()
@@ -315,9 +415,16 @@ def test_allreduce_batchnorm_converts_and_keeps_state():
 
 
 def test_notebook_exercise_cell_is_the_mystery_loop(repo_root):
-    """The checker tells 'not attempted' by comparing the cell with mystery_loop.py: keep them equal."""
+    """The checker tells 'not attempted' by comparing the cell with mystery_loop.py, so the two
+    must stay equal."""
     import nbformat
 
-    nb = nbformat.read(repo_root / "lessons" / "06_silent_bugs" / "06_silent_bugs.ipynb", as_version=4)
-    cells = [c for c in nb.cells if "exercise:lesson6_find_the_bug" in c.get("metadata", {}).get("tags", [])]
+    nb = nbformat.read(
+        repo_root / "lessons" / "06_silent_bugs" / "06_silent_bugs.ipynb", as_version=4
+    )
+    cells = [
+        c
+        for c in nb.cells
+        if "exercise:lesson6_find_the_bug" in c.get("metadata", {}).get("tags", [])
+    ]
     assert len(cells) == 1 and cells[0].source.strip() == MYSTERY.read_text().strip()

@@ -6,6 +6,7 @@ exercise.
 
 The notebook's launch is read from the notebook itself, so a test run starts it once; the
 4-rank launch of the planner's matrix also runs the notebook's limit demo on 4 ranks."""
+
 from __future__ import annotations
 
 import json
@@ -25,19 +26,36 @@ from fsdp_course.theory import memory
 from helpers import REPO_ROOT, lesson_script
 
 NOTEBOOK = REPO_ROOT / "lessons" / "07_memory" / "07_memory.ipynb"
-MATRIX = [f"{api}{extra}" for api in ("api=fsdp2", "api=classic")
-          for extra in ("", ",mixed-precision=true", ",activation-checkpointing=full",
-                        ",mixed-precision=true,activation-checkpointing=full")]
+MATRIX = [
+    f"{api}{extra}"
+    for api in ("api=fsdp2", "api=classic")
+    for extra in (
+        "",
+        ",mixed-precision=true",
+        ",activation-checkpointing=full",
+        ",mixed-precision=true,activation-checkpointing=full",
+    )
+]
 # The planner's matrix (each API, fp32 or bf16, with or without checkpointing) is split between
 # 1 and 4 ranks: each world size runs each API with and without mixed precision and with and
 # without checkpointing, and the two halves together run all 8. The 2 ranks of the notebook's
 # launch run 5 of them (not classic bf16, classic or FSDP2 bf16 with checkpointing); 4 ranks run
 # the two that combine both, so only classic bf16 without checkpointing is never sharded (on 1
 # rank classic FSDP falls back to NO_SHARD, with its own bf16 copy: an edge case kept there).
-HALVES = {1: ["api=fsdp2,mixed-precision=true", "api=fsdp2,activation-checkpointing=full",
-              "api=classic,mixed-precision=true", "api=classic,activation-checkpointing=full"],
-          4: ["api=fsdp2", "api=fsdp2,mixed-precision=true,activation-checkpointing=full",
-              "api=classic", "api=classic,mixed-precision=true,activation-checkpointing=full"]}
+HALVES = {
+    1: [
+        "api=fsdp2,mixed-precision=true",
+        "api=fsdp2,activation-checkpointing=full",
+        "api=classic,mixed-precision=true",
+        "api=classic,activation-checkpointing=full",
+    ],
+    4: [
+        "api=fsdp2",
+        "api=fsdp2,mixed-precision=true,activation-checkpointing=full",
+        "api=classic",
+        "api=classic,mixed-precision=true,activation-checkpointing=full",
+    ],
+}
 PEAK_TOLERANCE = 0.10  # the lesson's bar; measured: within 3%
 
 
@@ -48,10 +66,9 @@ def notebook_value(name: str) -> str:
         if cell.cell_type == "code" and f"{name} = " in cell.source:
             head = cell.source.split("run_lesson(")[0].rsplit("\n", 1)[0]
             scope: dict = {}
-            exec(head, scope)  # noqa: S102 - the course's own notebook
+            exec(head, scope)  # the course's own notebook
             return scope[name]
     raise LookupError(name)
-
 
 
 def ok(run):
@@ -140,7 +157,10 @@ def test_does_not_fit_unsharded_but_trains_sharded_under_the_same_limit(nproc):
     assert ddp["prediction"]["fits"] is False and fsdp["prediction"]["fits"] is True
     assert all("can't allocate memory" in o for o in outcomes[ddp["label"]]), outcomes[ddp["label"]]
     assert outcomes[fsdp["label"]] == ["trained"] * nproc
-    assert all(math.isfinite(h["loss"]) for h in fsdp["history"]) and 0 < fsdp["vm_growth"] < limit * 2 ** 20
+    assert (
+        all(math.isfinite(h["loss"]) for h in fsdp["history"])
+        and 0 < fsdp["vm_growth"] < limit * 2**20
+    )
     # the planner spoke first: its verdict is printed before the run's failure
     assert out.index("does NOT fit") < out.index("FAILED on rank 0: RuntimeError: [enforce fail")
 
@@ -149,15 +169,27 @@ def test_does_not_fit_unsharded_but_trains_sharded_under_the_same_limit(nproc):
 def test_activation_checkpointing_saves_memory_and_changes_no_loss(main_run):
     metrics, runs = main_run
     none, every2, full = (runs[f"fsdp2 FULL_SHARD{ac}"] for ac in ("", " ac=every-2", " ac=full"))
-    assert full["measured"]["activations"] < every2["measured"]["activations"] < none["measured"]["activations"]
+    assert (
+        full["measured"]["activations"]
+        < every2["measured"]["activations"]
+        < none["measured"]["activations"]
+    )
     assert full["measured"]["peak"] < every2["measured"]["peak"] < none["measured"]["peak"]
-    assert full["prediction"]["checkpointed_blocks"] == 4 and every2["prediction"]["checkpointed_blocks"] == 2
-    saved = {s: runs[f"fsdp2 FULL_SHARD{s}"]["measured"]["peak"] - runs[f"fsdp2 FULL_SHARD ac=full{s}"]["measured"]["peak"]
-             for s in ("", " seq=128")}
+    assert (
+        full["prediction"]["checkpointed_blocks"] == 4
+        and every2["prediction"]["checkpointed_blocks"] == 2
+    )
+    saved = {
+        s: runs[f"fsdp2 FULL_SHARD{s}"]["measured"]["peak"]
+        - runs[f"fsdp2 FULL_SHARD ac=full{s}"]["measured"]["peak"]
+        for s in ("", " seq=128")
+    }
     assert saved[" seq=128"] > 1.9 * saved[""]  # activations grow with the sequence
     for api in ("fsdp2", "classic"):
         plain, ckpt = runs[f"{api} FULL_SHARD"], runs[f"{api} FULL_SHARD ac=full"]
-        assert all(abs(a["loss"] - b["loss"]) < 1e-5 for a, b in zip(plain["history"], ckpt["history"]))
+        assert all(
+            abs(a["loss"] - b["loss"]) < 1e-5 for a, b in zip(plain["history"], ckpt["history"])
+        )
         assert ckpt["measured"]["activations"] < plain["measured"]["activations"] / 5
     for label, r in runs.items():
         if "history" in r:
@@ -167,15 +199,27 @@ def test_activation_checkpointing_saves_memory_and_changes_no_loss(main_run):
 @pytest.mark.slow
 def test_wrong_order_regathers_only_with_classic_reentrant_checkpointing(main_run):
     metrics, runs = main_run
-    calls = {label: runs[label]["collectives"]["all_gather"]["calls"] for label in (
-        "classic FULL_SHARD ac=full reentrant", "classic FULL_SHARD ac=full reentrant wrong-order",
-        "classic FULL_SHARD ac=full", "fsdp2 FULL_SHARD ac=full", "fsdp2 FULL_SHARD ac=full wrong-order")}
+    calls = {
+        label: runs[label]["collectives"]["all_gather"]["calls"]
+        for label in (
+            "classic FULL_SHARD ac=full reentrant",
+            "classic FULL_SHARD ac=full reentrant wrong-order",
+            "classic FULL_SHARD ac=full",
+            "fsdp2 FULL_SHARD ac=full",
+            "fsdp2 FULL_SHARD ac=full wrong-order",
+        )
+    }
     units = 5  # root + 4 blocks: forward gathers 5, backward 4 (the root stays gathered)
     assert calls["classic FULL_SHARD ac=full reentrant wrong-order"] == 2 * units - 1 + 4
     assert {v for k, v in calls.items() if "reentrant wrong" not in k} == {2 * units - 1}
     right, wrong = runs["fsdp2 FULL_SHARD ac=full"], runs["fsdp2 FULL_SHARD ac=full wrong-order"]
     assert right["measured"]["peak"] == wrong["measured"]["peak"]
-    for a, b in [(runs["classic FULL_SHARD ac=full reentrant"], runs["classic FULL_SHARD ac=full reentrant wrong-order"])]:
+    for a, b in [
+        (
+            runs["classic FULL_SHARD ac=full reentrant"],
+            runs["classic FULL_SHARD ac=full reentrant wrong-order"],
+        )
+    ]:
         assert all(abs(x["loss"] - y["loss"]) < 1e-5 for x, y in zip(a["history"], b["history"]))
 
 
@@ -183,7 +227,10 @@ def test_wrong_order_regathers_only_with_classic_reentrant_checkpointing(main_ru
 def test_offload_messages_devices_and_equal_losses(main_run):
     metrics, runs = main_run
     for label in ("fsdp2 FULL_SHARD offload=params-pinned", "classic FULL_SHARD offload=params"):
-        assert runs[label]["error"] == "RuntimeError: Cannot access accelerator device when none is available."
+        assert (
+            runs[label]["error"]
+            == "RuntimeError: Cannot access accelerator device when none is available."
+        )
     outcome = {o["label"]: o["per_rank"] for o in metrics["results"]["outcomes"]}
     assert all(o != "trained" for o in outcome["classic FULL_SHARD offload=params"])
     offloaded, plain = runs["fsdp2 FULL_SHARD offload=params"], runs["fsdp2 FULL_SHARD"]
@@ -198,17 +245,34 @@ def test_memory_over_one_step(main_run):
     for label in ("fsdp2 FULL_SHARD", "fsdp2 SHARD_GRAD_OP", "DDP"):
         measured = runs[label]["measured"]
         tl = measured["timeline"]
-        assert tl["marks"]["start"] < tl["marks"]["forward"] < tl["marks"]["backward"] < tl["marks"]["step"]
+        assert (
+            tl["marks"]["start"]
+            < tl["marks"]["forward"]
+            < tl["marks"]["backward"]
+            < tl["marks"]["step"]
+        )
         assert max(tl["total"]) == measured["peak"] and measured["peak_phase"] == "backward"
         peaks[label] = measured
-    assert peaks["fsdp2 FULL_SHARD"]["peak"] < peaks["fsdp2 SHARD_GRAD_OP"]["peak"] < peaks["DDP"]["peak"]
-    assert peaks["fsdp2 SHARD_GRAD_OP"]["at_peak"]["gathered"] > peaks["fsdp2 FULL_SHARD"]["at_peak"]["gathered"]
+    assert (
+        peaks["fsdp2 FULL_SHARD"]["peak"]
+        < peaks["fsdp2 SHARD_GRAD_OP"]["peak"]
+        < peaks["DDP"]["peak"]
+    )
+    assert (
+        peaks["fsdp2 SHARD_GRAD_OP"]["at_peak"]["gathered"]
+        > peaks["fsdp2 FULL_SHARD"]["at_peak"]["gathered"]
+    )
 
 
 @pytest.mark.slow
 def test_fake_process_group_estimate_of_7b_agrees_with_the_planner():
-    r = subprocess.run([sys.executable, "estimate.py", "--json"], cwd=NOTEBOOK.parent, text=True,
-                       capture_output=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "estimate.py", "--json"],
+        cwd=NOTEBOOK.parent,
+        text=True,
+        capture_output=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     estimate = json.loads(r.stdout)
     shape = MODELS["course-gpt-7b"]()
@@ -218,25 +282,31 @@ def test_fake_process_group_estimate_of_7b_agrees_with_the_planner():
     at = estimate["at_peak"]
     assert at["Sharded Param"] == predicted["at_peak"]["params"]
     # Adam's 0-dim step counters (4 bytes per parameter tensor) are not in the planner
-    assert 0 <= at["OptState"] - predicted["at_peak"]["optimizer"] <= 4 * len(shape.parameter_shapes())
+    assert (
+        0 <= at["OptState"] - predicted["at_peak"]["optimizer"] <= 4 * len(shape.parameter_shapes())
+    )
     assert at["Unsharded Param"] + at["All Gather"] == predicted["at_peak"]["gathered"]
-    assert estimate["max_rss_bytes"] < 2 * 2 ** 30  # a 20 GiB rank, estimated in well under 2 GiB
+    assert estimate["max_rss_bytes"] < 2 * 2**30  # a 20 GiB rank, estimated in well under 2 GiB
 
 
 def test_exercise_untouched_wrong_and_right_answers():
     def untouched():
         raise NotImplementedError
+
     with pytest.raises(NotImplementedError):
         exercise.check_fit(untouched)
 
     def never(*args, **kwargs):
         raise AssertionError("a wrong answer must not be launched")
-    for settings, said in [({"strategy": "DDP", "activation_checkpointing": "none"}, "does not fit"),
-                           ({"strategy": "SHARD_GRAD_OP", "activation_checkpointing": "none"}, "does not fit"),
-                           ({"strategy": "FULL_SHARD", "activation_checkpointing": "none"}, "sends"),
-                           ({"strategy": "FULL_SHARD", "activation_checkpointing": "full"}, "sends"),
-                           ({"strategy": "ZERO", "activation_checkpointing": "none"}, "must be one of"),
-                           ({"strategy": "DDP"}, "exactly the keys")]:
+
+    for settings, said in [
+        ({"strategy": "DDP", "activation_checkpointing": "none"}, "does not fit"),
+        ({"strategy": "SHARD_GRAD_OP", "activation_checkpointing": "none"}, "does not fit"),
+        ({"strategy": "FULL_SHARD", "activation_checkpointing": "none"}, "sends"),
+        ({"strategy": "FULL_SHARD", "activation_checkpointing": "full"}, "sends"),
+        ({"strategy": "ZERO", "activation_checkpointing": "none"}, "must be one of"),
+        ({"strategy": "DDP"}, "exactly the keys"),
+    ]:
         passed, message = exercise.check_fit(lambda s=settings: s, run=never)
         assert not passed and said in message, message
 
@@ -244,20 +314,27 @@ def test_exercise_untouched_wrong_and_right_answers():
 @pytest.mark.slow
 def test_exercise_solution_passes_for_real(repo_root):
     scope: dict = {}
-    exec((repo_root / "solutions" / "lesson7_fit.py").read_text(), scope)  # noqa: S102
-    assert scope["choose_settings"]() == {"strategy": "SHARD_GRAD_OP", "activation_checkpointing": "full"}
+    exec((repo_root / "solutions" / "lesson7_fit.py").read_text(), scope)
+    assert scope["choose_settings"]() == {
+        "strategy": "SHARD_GRAD_OP",
+        "activation_checkpointing": "full",
+    }
     passed, message = exercise.check_fit(scope["choose_settings"])
     assert passed, message
     assert "trained for real on 2 ranks" in message
 
 
-@pytest.mark.parametrize("flags,said", [
-    (["--variants", "foo"], "cannot read 'foo'"), (["--variants", "bogus=1"], "no flag --bogus"),
-    (["--activation-checkpointing", "every-x"], "every-K"),
-    (["--variants", "api=fsdp2,strategy=NO_SHARD"], "has no NO_SHARD"),
-    (["--steps", "2"], "--steps must be > 2"),
-    (["--variants", "strategy=DDP,mixed-precision=true"], "belong to FSDP"),
-])
+@pytest.mark.parametrize(
+    "flags,said",
+    [
+        (["--variants", "foo"], "cannot read 'foo'"),
+        (["--variants", "bogus=1"], "no flag --bogus"),
+        (["--activation-checkpointing", "every-x"], "every-K"),
+        (["--variants", "api=fsdp2,strategy=NO_SHARD"], "has no NO_SHARD"),
+        (["--steps", "2"], "--steps must be > 2"),
+        (["--variants", "strategy=DDP,mixed-precision=true"], "belong to FSDP"),
+    ],
+)
 def test_bad_flags_are_refused_with_one_sentence(capsys, flags, said):
     """What train.py does with its flags before training (parse_config, then runs.expand),
     in this process; the next test shows the same through torchrun."""
@@ -275,6 +352,8 @@ def test_bad_flags_are_refused_with_one_sentence(capsys, flags, said):
 
 def test_a_bad_flag_under_torchrun_is_one_line(run_launcher):
     # one rank: the refusal does not depend on the world size
-    r = run_launcher("lesson7.sh", "--variants", "api=fsdp2,strategy=NO_SHARD", env={"NPROC": "1"}, timeout=120)
+    r = run_launcher(
+        "lesson7.sh", "--variants", "api=fsdp2,strategy=NO_SHARD", env={"NPROC": "1"}, timeout=120
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     assert "has no NO_SHARD" in r.stderr and "Traceback" not in r.stderr, r.stderr

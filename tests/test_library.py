@@ -10,14 +10,14 @@ import textwrap
 import pytest
 import torch
 
-from helpers import run_cmd
-from fsdp_course import theory
 from fsdp_course import config as course_config
+from fsdp_course import dist as course_dist
+from fsdp_course import theory
 from fsdp_course.config import parse_config
 from fsdp_course.data import load_data
-from fsdp_course import dist as course_dist
 from fsdp_course.dist import CourseError
 from fsdp_course.model import GPT, Block, ModelConfig, num_params
+from helpers import run_cmd
 
 # Lines each rank says at once in test_ranks_writing_at_once_write_whole_lines. Each line is a
 # chance for another rank's write to land inside it, if it went out in two writes: with print()
@@ -53,7 +53,8 @@ SCRIPT = textwrap.dedent(f"""
             if env.rank == 0:
                 dist.all_reduce(__import__("torch").ones(1))  # rank 1 never joins
             else:
-                __import__("time").sleep(1)  # then waits in the final barrier: rank 0 times out first
+                # then waits in the final barrier: rank 0 times out first
+                __import__("time").sleep(1)
         env.print0("finished")
 """)
 
@@ -61,19 +62,36 @@ SCRIPT = textwrap.dedent(f"""
 def torchrun(tmp_path, *args, env=None, nproc=2, agent_flags=()):
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
-    return run_cmd([sys.executable, "-m", "fsdp_course.torchrun", *agent_flags, "--standalone",
-                    f"--nproc-per-node={nproc}", script, *args], env=env, timeout=120)
+    return run_cmd(
+        [
+            sys.executable,
+            "-m",
+            "fsdp_course.torchrun",
+            *agent_flags,
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            script,
+            *args,
+        ],
+        env=env,
+        timeout=120,
+    )
 
 
 # What the launcher's last line looks like after ranks exited on their own with code 1.
-REPORT_EXIT_1 = (r"torchrun: rank \d exited with code 1; its message is above"
-                 r"(; after it, (rank \d exited with code 1(, )?)+)? \(COURSE_DEBUG=1 shows the agent's report\)")
+REPORT_EXIT_1 = (
+    r"torchrun: rank \d exited with code 1; its message is above"
+    r"(; after it, (rank \d exited with code 1(, )?)+)? \(COURSE_DEBUG=1 shows the agent's report\)"
+)
 
 
 def unexpected_lines(stderr: str, patterns: list[str]) -> list[str]:
     """The lines of ``stderr`` that are none of ``patterns`` (whole-line regular expressions)."""
-    return [line for line in stderr.splitlines()
-            if not any(re.fullmatch(pattern, line) for pattern in patterns)]
+    return [
+        line
+        for line in stderr.splitlines()
+        if not any(re.fullmatch(pattern, line) for pattern in patterns)
+    ]
 
 
 def test_clean_run_exits_0_without_abort(tmp_path):
@@ -86,17 +104,20 @@ def test_clean_run_exits_0_without_abort(tmp_path):
 def test_course_error_is_one_line_and_exit_2(tmp_path):
     proc = torchrun(tmp_path, "course-error")
     assert proc.returncode == 2
-    assert [l for l in proc.stderr.splitlines() if l.startswith("error:")] == [
-        "error: checkpoint was written by another model"]
+    assert [line for line in proc.stderr.splitlines() if line.startswith("error:")] == [
+        "error: checkpoint was written by another model"
+    ]
     assert "Traceback" not in proc.stderr
 
 
 def test_unexpected_exception_is_one_line_per_rank_and_exit_1(tmp_path):
     proc = torchrun(tmp_path, "bug")
     assert proc.returncode == 1
-    errors = sorted(l for l in proc.stderr.splitlines() if "error: ValueError" in l)
-    assert errors == ["[rank 0] error: ValueError: something broke",
-                      "[rank 1] error: ValueError: something broke"], proc.stderr
+    errors = sorted(line for line in proc.stderr.splitlines() if "error: ValueError" in line)
+    assert errors == [
+        "[rank 0] error: ValueError: something broke",
+        "[rank 1] error: ValueError: something broke",
+    ], proc.stderr
     assert "second line" not in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -108,31 +129,41 @@ def test_ranks_writing_at_once_write_whole_lines(tmp_path):
     newline separately): each says RACE_LINES lines at once, then all fail at the same moment.
     Every line must arrive whole, however the writes of the ranks fall (the collisions are up
     to the scheduler: enough lines that the ranks' turns overlap, see RACE_LINES)."""
-    whole = [r"\[rank \d\] line \d+, said while the other ranks talk too",
-             r"\[rank \d\] error: ValueError: something broke",
-             r"\[rank \d\] \(set COURSE_DEBUG=1 for the full traceback\)",
-             REPORT_EXIT_1]
+    whole = [
+        r"\[rank \d\] line \d+, said while the other ranks talk too",
+        r"\[rank \d\] error: ValueError: something broke",
+        r"\[rank \d\] \(set COURSE_DEBUG=1 for the full traceback\)",
+        REPORT_EXIT_1,
+    ]
     proc = torchrun(tmp_path, "race", env={"PYTHONUNBUFFERED": "1"}, nproc=RACE_RANKS)
     assert proc.returncode == 1, proc.stderr
     broken = unexpected_lines(proc.stderr, whole)
     assert not broken, f"lines broken by another rank's write: {broken[:4]}"
     for rank in range(RACE_RANKS):
-        said = [l for l in proc.stderr.splitlines() if l.startswith(f"[rank {rank}] line ")]
-        assert said == [f"[rank {rank}] line {i}, said while the other ranks talk too"
-                        for i in range(RACE_LINES)], f"rank {rank}"
+        said = [
+            line for line in proc.stderr.splitlines() if line.startswith(f"[rank {rank}] line ")
+        ]
+        assert said == [
+            f"[rank {rank}] line {i}, said while the other ranks talk too"
+            for i in range(RACE_LINES)
+        ], f"rank {rank}"
     assert "] error: ValueError: something broke" in proc.stderr
 
 
 def test_say_writes_a_line_and_its_newline_in_one_write(tmp_path, monkeypatch):
     writes = []
     real_write = course_dist.os.write
-    monkeypatch.setattr(course_dist.os, "write", lambda fd, data: writes.append(data) or real_write(fd, data))
+    monkeypatch.setattr(
+        course_dist.os, "write", lambda fd, data: writes.append(data) or real_write(fd, data)
+    )
     with open(tmp_path / "out.txt", "w") as stream:
         stream.write("printed before, still buffered: ")
         course_dist.say("one line", stream)
         course_dist.say("ünïcode too", stream)
     assert writes == [b"one line\n", "ünïcode too\n".encode()]
-    assert (tmp_path / "out.txt").read_text() == "printed before, still buffered: one line\nünïcode too\n"
+    assert (
+        tmp_path / "out.txt"
+    ).read_text() == "printed before, still buffered: one line\nünïcode too\n"
 
 
 def test_a_stuck_collective_fails_in_bounded_time(tmp_path):
@@ -143,16 +174,22 @@ def test_a_stuck_collective_fails_in_bounded_time(tmp_path):
     # rank 0 times out first, says so in one line that names the setting, and is the rank the
     # launcher names. Rank 1 then loses its peer: it waits, and is mostly stopped before it says
     # so; no traceback either way.
-    timed_out = (r"\[rank 0\] error: RuntimeError: .*Timed out.*  \(a rank waited more than "
-                 r"COURSE_TIMEOUT_S=3 s for a collective that another rank never joined\)")
+    timed_out = (
+        r"\[rank 0\] error: RuntimeError: .*Timed out.*  \(a rank waited more than "
+        r"COURSE_TIMEOUT_S=3 s for a collective that another rank never joined\)"
+    )
     lines = proc.stderr.splitlines()
     assert re.fullmatch(timed_out, lines[0]), proc.stderr
     assert lines[-1].startswith("torchrun: rank 0 exited with code 1; its message is above")
-    assert not unexpected_lines(proc.stderr, [
-        timed_out,
-        r"\[rank 1\] error: could not leave the process group together: RuntimeError: .+",
-        r"\[rank [01]\] \(set COURSE_DEBUG=1 for the full traceback\)",
-        REPORT_EXIT_1]), proc.stderr
+    assert not unexpected_lines(
+        proc.stderr,
+        [
+            timed_out,
+            r"\[rank 1\] error: could not leave the process group together: RuntimeError: .+",
+            r"\[rank [01]\] \(set COURSE_DEBUG=1 for the full traceback\)",
+            REPORT_EXIT_1,
+        ],
+    ), proc.stderr
 
 
 def test_bad_timeout_setting_is_refused(tmp_path):
@@ -160,8 +197,11 @@ def test_bad_timeout_setting_is_refused(tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.splitlines()
     assert lines[0] == "COURSE_TIMEOUT_S must be a positive number of seconds, got 'soon'"
-    assert lines[1:] == ["torchrun: rank 0 exited with code 2; its message is above "
-                         "(COURSE_DEBUG=1 shows the agent's report)"]  # said once, by rank 0
+    # said once, by rank 0
+    assert lines[1:] == [
+        "torchrun: rank 0 exited with code 2; its message is above "
+        "(COURSE_DEBUG=1 shows the agent's report)"
+    ]
 
 
 def test_a_killed_rank_is_named_not_the_peer_that_lost_it(tmp_path):
@@ -170,20 +210,27 @@ def test_a_killed_rank_is_named_not_the_peer_that_lost_it(tmp_path):
     it first; test_root_cause_of_a_failed_run covers the agent finding both exits at once)."""
     proc = torchrun(tmp_path, "sigkill")
     assert proc.returncode == 128 + signal.SIGKILL, proc.stderr
-    assert re.fullmatch(r"torchrun: rank 1 was killed by SIGKILL \(signal 9\)(; after it, rank 0 "
-                        r"exited with code 1)? \(COURSE_DEBUG=1 shows the agent's report\)",
-                        proc.stderr.splitlines()[-1]), proc.stderr
-    assert not unexpected_lines("\n".join(proc.stderr.splitlines()[:-1]), [
-        r"\[rank 0\] error: RuntimeError: .*by peer.*",
-        r"\[rank 0\] \(set COURSE_DEBUG=1 for the full traceback\)"]), proc.stderr
+    assert re.fullmatch(
+        r"torchrun: rank 1 was killed by SIGKILL \(signal 9\)(; after it, rank 0 "
+        r"exited with code 1)? \(COURSE_DEBUG=1 shows the agent's report\)",
+        proc.stderr.splitlines()[-1],
+    ), proc.stderr
+    assert not unexpected_lines(
+        "\n".join(proc.stderr.splitlines()[:-1]),
+        [
+            r"\[rank 0\] error: RuntimeError: .*by peer.*",
+            r"\[rank 0\] \(set COURSE_DEBUG=1 for the full traceback\)",
+        ],
+    ), proc.stderr
 
 
 def failure(rank: int, exitcode: int, stamp: int):
     """A ProcessFailure as the agent builds it when it notices a rank's exit (no error file)."""
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-    result = ProcessFailure(local_rank=rank, pid=1000 + rank, exitcode=exitcode,
-                            error_file="/nonexistent/error.json")
+    result = ProcessFailure(
+        local_rank=rank, pid=1000 + rank, exitcode=exitcode, error_file="/nonexistent/error.json"
+    )
     result.timestamp = stamp
     return result
 
@@ -206,8 +253,10 @@ def test_root_cause_of_a_failed_run():
     # A signal long after the first failure (the agent's SIGKILL when SIGTERM was not enough).
     assert cause(failure(0, 1, 100), failure(1, kill, 131)) == 0
     line, code = report({0: failure(0, 1, 100), 1: failure(1, kill, 100), 2: failure(2, term, 100)})
-    assert line == ("torchrun: rank 1 was killed by SIGKILL (signal 9); after it, rank 0 exited "
-                    "with code 1 (COURSE_DEBUG=1 shows the agent's report)")
+    assert line == (
+        "torchrun: rank 1 was killed by SIGKILL (signal 9); after it, rank 0 exited "
+        "with code 1 (COURSE_DEBUG=1 shows the agent's report)"
+    )
     assert code == 137
 
 
@@ -238,7 +287,9 @@ def test_config_flags_from_a_dataclass():
     class Config:
         steps: int = 3
         mixed_precision: bool = False
-        strategy: str = field(default="FULL_SHARD", metadata={"choices": ["FULL_SHARD", "NO_SHARD"]})
+        strategy: str = field(
+            default="FULL_SHARD", metadata={"choices": ["FULL_SHARD", "NO_SHARD"]}
+        )
         data: str | None = None
 
     cfg = parse_config(Config, argv=["--steps", "7", "--mixed-precision", "--strategy", "NO_SHARD"])
@@ -265,7 +316,10 @@ def test_bad_flag_on_another_rank_waits_then_says_it_whole(monkeypatch, capfd):
         parse_config(Config, argv=["--steps", "many"])
     assert exc.value.code == 2
     out, err = capfd.readouterr()
-    assert (out, err) == ("", "[rank 1] train.py: error: argument --steps: invalid int value: 'many'\n")
+    assert (out, err) == (
+        "",
+        "[rank 1] train.py: error: argument --steps: invalid int value: 'many'\n",
+    )
 
 
 def test_unit_numels_and_padding_theory():
@@ -273,10 +327,16 @@ def test_unit_numels_and_padding_theory():
     units = theory.fsdp_unit_numels(model, Block)
     assert len(units) == 5 and sum(units) == num_params(model)
     assert theory.shard_numel(10, 4) == 3 and theory.shard_numel(8, 4) == 2
-    assert theory.model_state_bytes([10], 4, "FULL_SHARD") == {"params": 12, "grads": 12, "optimizer": 24}
+    assert theory.model_state_bytes([10], 4, "FULL_SHARD") == {
+        "params": 12,
+        "grads": 12,
+        "optimizer": 24,
+    }
     assert theory.model_state_bytes([10], 4, "NO_SHARD") == theory.ddp_state_bytes(10)
-    assert theory.collective_bytes([8, 4], 2, "FULL_SHARD") == {"all_gather": 4 * (8 + 4 + 4),
-                                                                "reduce_scatter": 4 * 12}
+    assert theory.collective_bytes([8, 4], 2, "FULL_SHARD") == {
+        "all_gather": 4 * (8 + 4 + 4),
+        "reduce_scatter": 4 * 12,
+    }
     assert theory.ring_sent_bytes("all_reduce", 100, 4) == 150
 
 
@@ -298,7 +358,9 @@ def test_config_field_with_its_own_parser():
         strategy: tuple = field(default=("FULL_SHARD",), metadata={"parse": strategies})
 
     assert parse_config(Config, argv=["--strategy", "full_shard, no_shard"]).strategy == (
-        "FULL_SHARD", "NO_SHARD")
+        "FULL_SHARD",
+        "NO_SHARD",
+    )
     assert parse_config(Config, argv=[]).strategy == ("FULL_SHARD",)
     with pytest.raises(SystemExit) as exit_info:
         parse_config(Config, argv=["--strategy", " , "])
@@ -333,10 +395,27 @@ def test_a_variant_types_each_value_like_its_flag():
         timeline: bool = False
         variants: tuple | None = None
 
-    variant = with_variant(Config(), {"wrap": "transformer", "parts": "b", "model": "staged",
-                                      "data": "x.txt", "steps": "5", "keep": "3", "timeline": "true"})
-    assert variant == Config(wrap=Wraps(("transformer",)), parts=("b",), model="staged",
-                             data="x.txt", steps=5, keep=3, timeline=True)
+    variant = with_variant(
+        Config(),
+        {
+            "wrap": "transformer",
+            "parts": "b",
+            "model": "staged",
+            "data": "x.txt",
+            "steps": "5",
+            "keep": "3",
+            "timeline": "true",
+        },
+    )
+    assert variant == Config(
+        wrap=Wraps(("transformer",)),
+        parts=("b",),
+        model="staged",
+        data="x.txt",
+        steps=5,
+        keep=3,
+        timeline=True,
+    )
     assert type(variant.wrap) is Wraps
 
     class Switches(tuple):
@@ -349,12 +428,14 @@ def test_a_variant_types_each_value_like_its_flag():
         no_sync: Switches = Switches((True, False))
 
     assert describe(Echoed()) == "parts=a,b no_sync=on,off"  # each list flag as it is typed
-    for changes, said in [({"wrap": "blocks"}, "wrap=blocks: 'blocks': choose from none, transformer"),
-                          ({"parts": "c"}, "parts=c: 'c': choose from a, b"),
-                          ({"steps": "many"}, "steps=many: not a number"),
-                          ({"keep": "0"}, "keep=0: must be at least 1, got 0"),  # its own parser
-                          ({"model": "llama"}, "model=llama: choose from gpt, staged"),
-                          ({"variants": "x"}, "no flag --variants in a variant")]:
+    for changes, said in [
+        ({"wrap": "blocks"}, "wrap=blocks: 'blocks': choose from none, transformer"),
+        ({"parts": "c"}, "parts=c: 'c': choose from a, b"),
+        ({"steps": "many"}, "steps=many: not a number"),
+        ({"keep": "0"}, "keep=0: must be at least 1, got 0"),  # its own parser
+        ({"model": "llama"}, "model=llama: choose from gpt, staged"),
+        ({"variants": "x"}, "no flag --variants in a variant"),
+    ]:
         with pytest.raises(ValueError, match=re.escape(said)):
             with_variant(Config(), changes)
 
@@ -372,14 +453,29 @@ def test_one_list_flag_type_reads_a_list_once():
     Names = list_flag("Names", ("full", "grad-op"), fold=str.lower)
     Counts = list_flag("Counts", item=int_at_least(1), expected="whole numbers of 1 or more")
     Sizes = list_flag("Sizes", item=int_at_least(2))  # no expected: the item's own message
-    Switches = list_flag("Switches", item=lambda w: {"on": True, "off": False}[w],
-                         expected="on, off", show=lambda v: "on" if v else "off")
-    assert Names(" FULL,grad-op ") == ("full", "grad-op") and str(Names("grad-op,full")) == "grad-op,full"
-    assert Counts("4, 1") == (4, 1) and Switches("off,on") == (False, True) and str(Switches("on")) == "on"
-    for kind, text, said in ((Names, "full,zero", "'zero': choose from full, grad-op"),
-                             (Names, " , ", "' , ': choose from"), (Counts, "0", "'0': whole numbers"),
-                             (Counts, "x", "'x': whole numbers"), (Switches, "yes", "'yes': on, off"),
-                             (Sizes, "1", "must be at least 2, got 1")):
+    Switches = list_flag(
+        "Switches",
+        item=lambda w: {"on": True, "off": False}[w],
+        expected="on, off",
+        show=lambda v: "on" if v else "off",
+    )
+    assert (
+        Names(" FULL,grad-op ") == ("full", "grad-op")
+        and str(Names("grad-op,full")) == "grad-op,full"
+    )
+    assert (
+        Counts("4, 1") == (4, 1)
+        and Switches("off,on") == (False, True)
+        and str(Switches("on")) == "on"
+    )
+    for kind, text, said in (
+        (Names, "full,zero", "'zero': choose from full, grad-op"),
+        (Names, " , ", "' , ': choose from"),
+        (Counts, "0", "'0': whole numbers"),
+        (Counts, "x", "'x': whole numbers"),
+        (Switches, "yes", "'yes': on, off"),
+        (Sizes, "1", "must be at least 2, got 1"),
+    ):
         with pytest.raises(argparse.ArgumentTypeError, match=re.escape(said)):
             kind(text)
 
@@ -411,26 +507,37 @@ def test_plan_runs_labels_the_command_line_and_each_variant():
     cfg = parse_config(Config, argv=["--variants", "mixed=true;steps=5,data=x.txt"])
     plan = plan_runs(cfg)
     assert [label for _, label in plan] == [None, "(mixed=true)", "(steps=5,data=x.txt)"]
-    assert plan[0][0] is cfg and (plan[1][0].mixed, plan[2][0].steps, plan[2][0].data) == (True, 5, "x.txt")
+    assert plan[0][0] is cfg and (plan[1][0].mixed, plan[2][0].steps, plan[2][0].data) == (
+        True,
+        5,
+        "x.txt",
+    )
     assert all(config.variants is None for config, _ in plan[1:])
     assert [c.steps for c, _ in plan_runs(cfg, with_base=False)] == [3, 5]  # the variants only
-    assert plan_runs(Config(), with_base=False) == [(Config(), None)]  # no variants: the command line
+    # no variants: the command line
+    assert plan_runs(Config(), with_base=False) == [(Config(), None)]
     assert plan_runs(parse_config(Config, argv=["--variants", "data=none"]))[1][0].data is None
-    for text, said in (("warp=1", "--variants: no flag --warp"),
-                       ("data=x.txt", "--variants: no flag --data in a variant"),
-                       ("mixed=maybe", "mixed=maybe: write true or false")):
+    for text, said in (
+        ("warp=1", "--variants: no flag --warp"),
+        ("data=x.txt", "--variants: no flag --data in a variant"),
+        ("mixed=maybe", "mixed=maybe: write true or false"),
+    ):
         with pytest.raises(course_dist.CourseError, match=re.escape(said)):
-            plan_runs(parse_config(Config, argv=["--variants", text]), fixed=("variants", "metrics", "data"))
+            plan_runs(
+                parse_config(Config, argv=["--variants", text]),
+                fixed=("variants", "metrics", "data"),
+            )
 
 
 def test_metric_logger_prints_a_dash_for_what_a_step_did_not_measure(capsys):
     from fsdp_course.report import MetricLogger
 
-    env = course_dist.DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"),
-                              backend="gloo")
+    env = course_dist.DistEnv(
+        rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend="gloo"
+    )
     logger = MetricLogger(env, log_every=10)
     logger.log(0, 3.25, 41.0, 9.5, 1.25)
-    logger.log(1, 3.20, 40.0, None, None)        # not a log step, not forced: no line
+    logger.log(1, 3.20, 40.0, None, None)  # not a log step, not forced: no line
     logger.log(2, 3.10, 39.0, 9.5, 1.25, last=True)
     logger.log(3, 3.00, 38.0, None, None, last=True)
     lines = capsys.readouterr().out.strip().splitlines()
@@ -463,11 +570,14 @@ def test_a_launch_log_shows_its_command_as_a_shell_reads_it(capsys):
     from course_lab.notebook import LessonRun, show_log
 
     command = ["bash", "launch/lesson2.sh", "--variants", "wrap=none;model=staged,wrap=none"]
-    show_log(LessonRun(command=command, returncode=0, stdout="step 0\n", stderr="", metrics=None,
-                       nproc="2"))
+    show_log(
+        LessonRun(
+            command=command, returncode=0, stdout="step 0\n", stderr="", metrics=None, nproc="2"
+        )
+    )
     summary = capsys.readouterr().out.splitlines()[0]
     assert summary.startswith("$ NPROC=2 bash launch/lesson2.sh --variants ")
-    pasted = summary[2:summary.index("   (exit 0")]
+    pasted = summary[2 : summary.index("   (exit 0")]
     assert shlex.split(pasted) == ["NPROC=2", *command]
 
 
@@ -493,12 +603,21 @@ def test_learner_code_is_loaded_one_way_with_one_line_errors(tmp_path):
     other = tmp_path / "other.py"
     other.write_text("def evaluat(model, batch, env):\n    return 0.0\n")
     with pytest.raises(CourseError) as absent:
-        load_learner(other, "--ckpt-module", "save(path, model, optimizer)", "load(path, model, optimizer)")
-    assert str(absent.value) == f"--ckpt-module {other}: defines no function save(path, model, optimizer)"
+        load_learner(
+            other, "--ckpt-module", "save(path, model, optimizer)", "load(path, model, optimizer)"
+        )
+    assert (
+        str(absent.value)
+        == f"--ckpt-module {other}: defines no function save(path, model, optimizer)"
+    )
     good = tmp_path / "good.py"
-    good.write_text("from dataclasses import dataclass\n\n@dataclass\nclass Box:\n    x: int = 1\n\n"
-                    "def save(path, model, optimizer):\n    return Box().x\n\nload = save\n")
-    module = load_learner(good, "--ckpt-module", "save(path, model, optimizer)", "load(path, model, optimizer)")
+    good.write_text(
+        "from dataclasses import dataclass\n\n@dataclass\nclass Box:\n    x: int = 1\n\n"
+        "def save(path, model, optimizer):\n    return Box().x\n\nload = save\n"
+    )
+    module = load_learner(
+        good, "--ckpt-module", "save(path, model, optimizer)", "load(path, model, optimizer)"
+    )
     assert module.save(None, None, None) == module.load(None, None, None) == 1
 
 
@@ -512,8 +631,10 @@ def test_a_cell_becomes_a_file_named_by_its_content(tmp_path, monkeypatch):
 
     monkeypatch.setattr(learner, "FOLDER", tmp_path)
     cell = tmp_path / "cell.py"
-    cell.write_text("import math\n\n\ndef my_eval(model, batch, env):\n    return math.pi\n\n\n"
-                    "def starter(model, batch, env):\n    raise NotImplementedError\n")
+    cell.write_text(
+        "import math\n\n\ndef my_eval(model, batch, env):\n    return math.pi\n\n\n"
+        "def starter(model, batch, env):\n    raise NotImplementedError\n"
+    )
     namespace = {}
     exec(compile(cell.read_text(), str(cell), "exec"), namespace)
     my_eval, starter = namespace["my_eval"], namespace["starter"]

@@ -1,14 +1,15 @@
 """Every lesson's default flags work at any rank count a learner has (NPROC 1 to 8); only a flag
 the learner set can be refused. Checked in-process with each script's own world-size checks (the
 ones that can refuse a layout), not with 8 launches per lesson."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import pytest
-from helpers import lesson_script
 
 from fsdp_course.dist import CourseError
+from helpers import lesson_script
 
 WORLD_SIZES = range(1, 9)
 
