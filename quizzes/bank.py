@@ -390,14 +390,16 @@ def validate_open(s: dict) -> list:
                     p.append(f"{where}: {key} {f[key]!r} is not in secret.subjects")
             if not f.get("one_way") and not _bilingual(f.get("wrong")):
                 p.append(
-                    f"{where}: needs an en and zh 'wrong' text (what is true instead of the denied statement)"
+                    f"{where}: needs an en and zh 'wrong' text (what is true instead of the denied "
+                    "statement)"
                 )
             if "rival" in f and not _bilingual(f.get("swapped")):
                 p.append(f"{where}: a form with a rival needs an en and zh 'swapped' text")
             p += _fix_problems(where, f, ("wrong", "swapped"))
             if f.get("own_subject") and "rival" not in f:
                 p.append(
-                    f"{where}: own_subject needs a rival (it says the rival's denial credits nothing)"
+                    f"{where}: own_subject needs a rival (it says the rival's denial credits "
+                    "nothing)"
                 )
     for i, m in enumerate(s.get("misconceptions", [])):
         where = f"misconception {m.get('id', '#' + str(i + 1))!r}"

@@ -30,8 +30,8 @@ _COMMA = r"[,，、]+"
 _CLAUSE_SPLIT = re.compile(
     r"(" + _COMMA + r"|[:()\[\]：（）]+"
     # "only while it runs", "just because": a condition of the clause, not a new statement
-    r"|(?<!\bonly)(?<!\bjust)\s(?:but|while|whereas|although|though|however|yet|so|because|since|which|therefore|thus|hence)\s"
-    r"|而|但|则|却|不过|然而|所以|因为|因此|于是|从而)"
+    r"|(?<!\bonly)(?<!\bjust)\s(?:but|while|whereas|although|though|however|yet|so|because|since|"
+    r"which|therefore|thus|hence)\s|而|但|则|却|不过|然而|所以|因为|因此|于是|从而)"
 )
 
 # What makes a mention the thing compared with rather than the subject of the clause.
@@ -48,9 +48,10 @@ _AGENT = re.compile(r"(?:(?<![a-z0-9])by\s+(?:the\s+)?$)|(?:[被由让]\s*$)")
 
 # English negation: whole words; "no" before "sync"/"shard" is the name no_sync / NO_SHARD.
 _NEG_EN = re.compile(
-    r"(?<![a-z0-9])(?:not(?! only)|no(?! (?:sync|shard|matter))|never|without|nothing|none|neither|nor|"
-    r"cannot|hardly|instead of|rather than|prevent\w*|avoid\w*|skip\w*|omit\w*|\w+n't|doesnt|dont|isnt|cant|wont|"
-    r"arent|didnt|wasnt|werent|shouldnt|wouldnt|couldnt|hasnt|havent|neednt|mustnt)(?![a-z0-9])"
+    r"(?<![a-z0-9])(?:not(?! only)|no(?! (?:sync|shard|matter))|never|without|nothing|none|neither|"
+    r"nor|cannot|hardly|instead of|rather than|prevent\w*|avoid\w*|skip\w*|omit\w*|\w+n't|doesnt|"
+    r"dont|isnt|cant|wont|arent|didnt|wasnt|werent|shouldnt|wouldnt|couldnt|hasnt|havent|neednt|"
+    r"mustnt)(?![a-z0-9])"
 )
 # Chinese negation: read per word (jieba). A word is a negation when it is one of these or starts
 # with 不/没/无/未/非/别/勿 and is not a word of its own meaning (不同, 差不多 is a word already).
@@ -119,10 +120,10 @@ _DOMAIN_VERBS = set(
 all-reduce allreduce materialize materialise spawn wrap flatten unshard recompute rerun offload""".split()
 )
 _AUX_EN = re.compile(
-    r"(?<![a-z0-9])(?:is|are|was|were|be|been|being|am|has|have|had|does|do|did|can|could|will|would|"
-    r"must|should|shall|may|might|need|needs|it|they|we|you|i|he|she|both|there|which|who|because|"
-    r"not|never|always|also|"
-    r"\w+n't|\w+'s|\w+'re|\w+'ll|\w+'d|cannot|doesnt|dont|isnt|cant|wont|arent)(?![a-z0-9])"
+    r"(?<![a-z0-9])(?:is|are|was|were|be|been|being|am|has|have|had|does|do|did|can|could|will|"
+    r"would|must|should|shall|may|might|need|needs|it|they|we|you|i|he|she|both|there|which|who|"
+    r"because|not|never|always|also|\w+n't|\w+'s|\w+'re|\w+'ll|\w+'d|cannot|doesnt|dont|isnt|cant|"
+    r"wont|arent)(?![a-z0-9])"
 )
 # after an ambiguous noun/verb form ("keeps", "gathers"), these say it is the verb
 _OBJECT_START = set(
@@ -611,13 +612,15 @@ _PURPOSE = re.compile(r"(?:^|(?<![a-z0-9]))(?:to|in order to)\s$|^(?:to|in order
 
 
 _CONDITION_BEFORE = re.compile(
-    r"(?:要用|要在|想|为了|如果|若|要是|以后要|(?<![a-z0-9])(?:if|when) you (?:want|need) to)\s?\S{0,2}$"
+    r"(?:要用|要在|想|为了|如果|若|要是|以后要|(?<![a-z0-9])(?:if|when) you (?:want|"
+    r"need) to)\s?\S{0,2}$"
 )
 # a modal inside the phrasing makes it a requirement, not a state: "then one rank must hold the entire
 # model" (what a full state dict needs) does not say that a rank holds it
 _MODAL = re.compile(r"(?<![a-z])(?:must|would|has to|have to|will have to)(?![a-z])|必须")
 _CONDITION_AFTER = re.compile(
-    r"\s?(?:还|就|也|)\s?(?:需要|要|得|必须|离不开)|\s(?:needs?|requires?|you need|you must|must|only works with)(?![a-z0-9])"
+    r"\s?(?:还|就|也|)\s?(?:需要|要|得|必须|离不开)|\s(?:needs?|requires?|you need|you must|must|"
+    r"only works with)(?![a-z0-9])"
 )
 
 
@@ -743,7 +746,8 @@ def _read_clause(
             ):  # "unlike DDP, FSDP does not ..." names both
                 # "FSDP does not broadcast" is true, but says nothing of what DDP does
                 trace.append(
-                    f"[{norm}] {claim['id']}#{f_index + 1} {m.group(0)!r} denied of the rival: read, not credited"
+                    f"[{norm}] {claim['id']}#{f_index + 1} {m.group(0)!r} denied of the rival: "
+                    "read, not credited"
                 )
                 accounted = True
                 continue
@@ -786,14 +790,17 @@ def _read_clause(
 
 
 _REMEDY = re.compile(
-    r"(?:the |to |)(?:fix|fixes|solution|solutions|remedy|workaround|you can fix|to avoid)(?![a-z])|修法|解决|修复|办法|改法|正确做法"
+    r"(?:the |to |)(?:fix|fixes|solution|solutions|remedy|workaround|you can fix|"
+    r"to avoid)(?![a-z])|修法|解决|修复|办法|改法|正确做法"
 )
 _COUNTERFACTUAL = re.compile(
-    r"(?:if (?:you |we |one |)(?:do not|don't|dont|didn't|never|skip)|if not|without|with no|otherwise|"
-    r"else|if there is no|when there is no)(?![a-z])|如果不|若不|要是不|不按|不设|不用|没有设|否则|不然"
+    r"(?:if (?:you |we |one |)(?:do not|don't|dont|didn't|never|skip)|if not|without|with no|"
+    r"otherwise|else|if there is no|when there is no)(?![a-z])|如果不|若不|要是不|不按|不设|不用|"
+    r"没有设|否则|不然"
 )
 _BOTH = re.compile(
-    r"(?<![a-z0-9])(?:both|neither|either of them|the two)(?![a-z0-9])|两者|二者|两种|两个策略|它们都"
+    r"(?<![a-z0-9])(?:both|neither|either of them|the two)(?![a-z0-9])|两者|二者|两种|两个策略|"
+    r"它们都"
 )
 
 
@@ -802,13 +809,14 @@ _BOTH = re.compile(
 _FRAME = re.compile(
     r"^(?:the (?:main |key |real |whole |)(?:difference|point|question|idea|crux) (?:is|lies)|"
     r"(?:the two|they|both) (?:only |)differ (?:only |)(?:in|by)|(?:差别|区别|不同之处)(?:只|)在|"
-    r"what (?:differs|matters|changes) is|it'?\s?s (?:all |)(?:about|a [a-z ]{0,30}(?:choice|trade ?off|trade|deal|exchange))|"
-    r"it is (?:all |)(?:about|a [a-z ]{0,30}(?:choice|trade ?off|trade|deal|exchange))|think of|"
-    r"(?:区别|差别|不同|关键|核心|重点)(?:就|)(?:在于|是)|(?:本质上|其实|说白了|简单说)(?:就|)是)"
+    r"what (?:differs|matters|changes) is|it'?\s?s (?:all |)(?:about|a [a-z ]{0,30}(?:choice|"
+    r"trade ?off|trade|deal|exchange))|it is (?:all |)(?:about|a [a-z ]{0,30}(?:choice|trade ?off|"
+    r"trade|deal|exchange))|think of|(?:区别|差别|不同|关键|核心|重点)(?:就|)(?:在于|是)|(?:本质上|"
+    r"其实|说白了|简单说)(?:就|)是)"
 )
 _ELLIPSIS = re.compile(
-    r"^(?:(?:but |while |whereas |and |)(.+?) (?:does not|doesn'?\s?t|do not|don'?\s?t|does nothing of the sort|never does)"
-    r"|(.+?)\s?(?:则|就|)(?:不会|不|没有|并不|不是这样))$"
+    r"^(?:(?:but |while |whereas |and |)(.+?) (?:does not|doesn'?\s?t|do not|don'?\s?t|"
+    r"does nothing of the sort|never does)|(.+?)\s?(?:则|就|)(?:不会|不|没有|并不|不是这样))$"
 )
 
 
@@ -830,7 +838,8 @@ def _ellipsis(clause: str, subjects: dict) -> bool:
 
 
 _CF_CLAUSE = re.compile(
-    r"^(?:without (?:it|this|that|them|syncing|sync|synchroni[sz]ing)|otherwise|if not|else|不然|否则|要不然)\s?"
+    r"^(?:without (?:it|this|that|them|syncing|sync|synchroni[sz]ing)|otherwise|if not|else|不然|"
+    r"否则|要不然)\s?"
 )
 
 

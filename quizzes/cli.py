@@ -175,7 +175,8 @@ def cmd_take(args) -> int:
         for q in questions:
             if q.type == "code":
                 print(
-                    f"\n{msg('exercise_tag', lang)} {q.prompt[lang]}\n  -> {msg('exercise_here', lang)}"
+                    f"\n{msg('exercise_tag', lang)} {q.prompt[lang]}\n  -> "
+                    f"{msg('exercise_here', lang)}"
                 )
                 continue
             print(
@@ -452,13 +453,13 @@ def cmd_corpus(args) -> int:
             continue
         ok = False
         print(
-            f"{g.lesson} {g.qid}: labelled {label} ({g.item['kind']}, {g.item['lang']}), graded {verdict}: "
-            f"{g.item['answer']}"
+            f"{g.lesson} {g.qid}: labelled {label} ({g.item['kind']}, {g.item['lang']}), graded "
+            f"{verdict}: {g.item['answer']}"
         )
         d = g.result.details
         print(
-            f"    found {d['found']}, missing {d['missing']}, false {[f['quote'] for f in d['false']]}, "
-            f"unread {d['unread']}"
+            f"    found {d['found']}, missing {d['missing']}, false "
+            f"{[f['quote'] for f in d['false']]}, unread {d['unread']}"
         )
     print("every label holds" if ok else "some answers are graded against their label")
     return 0 if ok else 1

@@ -158,7 +158,8 @@ def test_clauses_split_at_punctuation_and_contrast_words():
     parts = [
         c
         for _, c in claims.split_clauses(
-            "FULL_SHARD frees them, while SHARD_GRAD_OP keeps them; torch.save(model.state_dict()) is one word. 前者释放而后者保留"
+            "FULL_SHARD frees them, while SHARD_GRAD_OP keeps them; torch.save(model.state_dict()) "
+            "is one word. 前者释放而后者保留"
         )
     ]
     assert parts == [
@@ -278,8 +279,8 @@ def test_grade_open_answer_feedback(demo_bank):
         }
     ]
     assert (
-        "You wrote: «SHARD_GRAD_OP frees the parameters after forward and it uses more memory» — in fact it is A that frees them."
-        in bad.feedback
+        "You wrote: «SHARD_GRAD_OP frees the parameters after forward and it uses more memory» — "
+        "in fact it is A that frees them." in bad.feedback
     )
     zh = quizzes.grade(
         demo_bank, "q_open", "SHARD_GRAD_OP 在前向之后释放参数，后者显存更多。", "zh"
@@ -480,9 +481,9 @@ def test_full_state_dict_file_loads_into_a_plain_model_is_not_wrong():
     r = quizzes.grade(
         "lesson4",
         "q_why_not_torch_save",
-        "With classic FSDP's default FULL_STATE_DICT, model.state_dict() all-gathers every unit, so the "
-        "file is a full copy that loads into a plain model, but that collective must run on every rank "
-        "and puts the whole model in each rank's memory.",
+        "With classic FSDP's default FULL_STATE_DICT, model.state_dict() all-gathers every unit, "
+        "so the file is a full copy that loads into a plain model, but that collective must run on "
+        "every rank and puts the whole model in each rank's memory.",
     )
     assert r.verdict != "wrong", r.feedback
 
@@ -564,9 +565,10 @@ def test_language_libraries_load_lazily_and_quietly():
     import sys
 
     code = (
-        "import sys, quizzes; assert not {'torch', 'jieba', 'lemminflect'} & set(sys.modules), sys.modules.keys(); "
-        "r = quizzes.grade('lesson1', 'q_full_vs_shard_grad_op', 'FULL_SHARD 在前向之后释放参数，SHARD_GRAD_OP 保留到反向，所以显存更多。', 'zh'); "
-        "assert 'jieba' in sys.modules and r.verdict == 'correct', r.details"
+        "import sys, quizzes; assert not {'torch', 'jieba', 'lemminflect'} & set(sys.modules), "
+        "sys.modules.keys(); r = quizzes.grade('lesson1', 'q_full_vs_shard_grad_op', 'FULL_SHARD "
+        "在前向之后释放参数，SHARD_GRAD_OP 保留到反向，所以显存更多。', 'zh'); assert 'jieba' in "
+        "sys.modules and r.verdict == 'correct', r.details"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
@@ -617,8 +619,8 @@ def test_a_statement_interrupted_by_brackets_is_read_whole():
     r = quizzes.grade(
         "lesson8",
         "q_hsdp_why",
-        "The bulk of the traffic (parameter all-gathers and gradient reduce-scatters) remains inside "
-        "each node, and only a small all-reduce of gradient shards goes between the nodes.",
+        "The bulk of the traffic (parameter all-gathers and gradient reduce-scatters) remains "
+        "inside each node, and only a small all-reduce of gradient shards goes between the nodes.",
     )
     assert r.verdict == "correct", r.feedback
 
@@ -630,14 +632,15 @@ def test_a_statement_interrupted_by_brackets_is_read_whole():
         (
             "lesson8",
             "q_hsdp_why",
-            "The shard group stays inside each node for the all-gathers and reduce-scatters, and only "
-            "an all-reduce of gradient shards crosses nodes, because the inter-node network is faster "
-            "than NVLink.",
+            "The shard group stays inside each node for the all-gathers and reduce-scatters, and "
+            "only an all-reduce of gradient shards crosses nodes, because the inter-node network "
+            "is faster than NVLink.",
         ),
         (
             "lesson8",
             "q_hsdp_why",
-            "all-gather 和 reduce-scatter 留在节点内，跨节点的只有梯度分片的 all-reduce，因为节点之间的链路比节点内快。",
+            "all-gather 和 reduce-scatter 留在节点内，跨节点的只有梯度分片的 "
+            "all-reduce，因为节点之间的链路比节点内快。",
         ),
         # a right answer, then a false figure
         (
@@ -698,13 +701,15 @@ def test_a_false_statement_beside_right_ones_makes_it_wrong(lesson, qid, answer)
         (
             "lesson8",
             "q_hsdp_why",
-            "Because the reduce-scatters and all-gathers of the shard group then happen inside one node.",
+            "Because the reduce-scatters and all-gathers of the shard group then happen inside one "
+            "node.",
         ),
         # a noun phrase is no condition: '自己那个小 batch' says nothing about when to sync
         (
             "lesson6",
             "q_bn_sync",
-            "每个 rank 拿自己那个小 batch 算均值和方差，和全局的不一样，所以输出和梯度都和单卡不同。",
+            "每个 rank 拿自己那个小 batch "
+            "算均值和方差，和全局的不一样，所以输出和梯度都和单卡不同。",
         ),
         # loose words for the heavy traffic: 'the communication' is not the all-gathers
         (
@@ -726,18 +731,19 @@ def test_each_key_idea_needs_its_own_evidence(lesson, qid, answer):
     [
         # a frame announces what follows, an elliptic denial repeats the statement before it: both read
         (
-            "What differs is the fate of the gathered weights. FULL_SHARD drops them after forward and gathers them "
-            "again in backward; SHARD_GRAD_OP does not.",
+            "What differs is the fate of the gathered weights. FULL_SHARD drops them after forward "
+            "and gathers them again in backward; SHARD_GRAD_OP does not.",
             "correct",
         ),
         (
-            "区别在于前向之后参数怎么处理。FULL_SHARD 前向后释放参数、反向再 all-gather 一次；SHARD_GRAD_OP 则不会。",
+            "区别在于前向之后参数怎么处理。FULL_SHARD 前向后释放参数、反向再 all-gather "
+            "一次；SHARD_GRAD_OP 则不会。",
             "correct",
         ),
         # a frame that names a subject states something about it: not a frame
         (
-            "The key is that SHARD_GRAD_OP compresses its parameters. FULL_SHARD drops them after forward and gathers them "
-            "again in backward.",
+            "The key is that SHARD_GRAD_OP compresses its parameters. FULL_SHARD drops them after "
+            "forward and gathers them again in backward.",
             "unsure",
         ),
     ],
@@ -763,8 +769,8 @@ def test_a_statement_in_the_course_vocabulary_is_checked_whatever_the_question_t
         quizzes.grade(
             "lesson2",
             "q_why_wrap_per_block",
-            "Each block is gathered, used and freed in turn, so the peak is about one block, and the next "
-            "block is prefetched. I learned this yesterday.",
+            "Each block is gathered, used and freed in turn, so the peak is about one block, and "
+            "the next block is prefetched. I learned this yesterday.",
         ).verdict
         == "correct"
     )
@@ -774,12 +780,13 @@ def test_a_statement_in_the_course_vocabulary_is_checked_whatever_the_question_t
     "answer,lang",
     [
         (
-            "Sync BatchNorm when the per-rank batch is large, because each rank normalises with its own micro-batch's "
-            "statistics, not the global batch's.",
+            "Sync BatchNorm when the per-rank batch is large, because each rank normalises with "
+            "its own micro-batch's statistics, not the global batch's.",
             "en",
         ),
         (
-            "每个 rank 的 batch 很大的时候才需要同步 BN，因为各 rank 用自己微批的均值方差；batch 小的时候各 rank 的统计量跟全局差不多。",
+            "每个 rank 的 batch 很大的时候才需要同步 BN，因为各 rank 用自己微批的均值方差；batch "
+            "小的时候各 rank 的统计量跟全局差不多。",
             "zh",
         ),
     ],
@@ -806,9 +813,10 @@ def test_a_subject_in_a_relative_clause_is_not_the_subject():
     r = quizzes.grade(
         "lesson0",
         "q_torchrun_setup",
-        "torchrun starts one process per GPU on each node and restarts it when it fails. Each process "
-        "finds RANK, LOCAL_RANK and WORLD_SIZE in its environment, and MASTER_ADDR and MASTER_PORT say "
-        "where to rendezvous. LOCAL_RANK is what you hand to torch.cuda.set_device.",
+        "torchrun starts one process per GPU on each node and restarts it when it fails. Each "
+        "process finds RANK, LOCAL_RANK and WORLD_SIZE in its environment, and MASTER_ADDR and "
+        "MASTER_PORT say where to rendezvous. LOCAL_RANK is what you hand to "
+        "torch.cuda.set_device.",
     )
     assert r.verdict != "wrong" and not r.details["false"], r.feedback
 
@@ -820,8 +828,9 @@ def test_a_subject_in_a_relative_clause_is_not_the_subject():
         (
             "lesson0",
             "q_torchrun_setup",
-            "torchrun 帮你把活都干了：每个节点每张卡起一个进程，挂了会重启。每个进程的身份是通过环境变量传进去的"
-            "（RANK、LOCAL_RANK、WORLD_SIZE），MASTER_ADDR 和 MASTER_PORT 用来会合。",
+            "torchrun "
+            "帮你把活都干了：每个节点每张卡起一个进程，挂了会重启。每个进程的身份是通过环境变量传进"
+            "去的（RANK、LOCAL_RANK、WORLD_SIZE），MASTER_ADDR 和 MASTER_PORT 用来会合。",
             "zh",
         ),
         # a bottleneck of memory is not a slow network
@@ -861,8 +870,9 @@ def test_elliptic_denial_with_an_apostrophe():
     r = quizzes.grade(
         "lesson6",
         "q_ddp_hides_init",
-        "DDP broadcasts rank 0's parameters in its constructor, so all ranks start the same. FSDP doesn't; "
-        "each rank keeps the shard of its own init, so the gathered model mixes the ranks' inits.",
+        "DDP broadcasts rank 0's parameters in its constructor, so all ranks start the same. FSDP "
+        "doesn't; each rank keeps the shard of its own init, so the gathered model mixes the "
+        "ranks' inits.",
     )
     assert r.verdict == "correct", r.feedback
 
@@ -872,9 +882,9 @@ def test_a_modal_makes_a_requirement_not_a_state():
     r = quizzes.grade(
         "lesson4",
         "q_why_not_torch_save",
-        "Each rank owns only a slice of every parameter. A full state dict is a gather every rank has "
-        "to join, and then one rank must hold the entire model in memory; DCP saves the slices with "
-        "metadata and loads them on another world size.",
+        "Each rank owns only a slice of every parameter. A full state dict is a gather every rank "
+        "has to join, and then one rank must hold the entire model in memory; DCP saves the slices "
+        "with metadata and loads them on another world size.",
     )
     assert r.verdict != "wrong" and not r.details["false"], r.feedback
     r = quizzes.grade(
