@@ -117,7 +117,8 @@ _OMIT_ZH = {"避免", "阻止", "防止", "跳过", "省去", "省掉", "免去"
 # A clause "carries a verb" when it is a statement, not a keyword list.
 _DOMAIN_VERBS = set(
     """shard reshard gather prefetch checkpoint broadcast sync synchronize synchronise
-all-reduce allreduce materialize materialise spawn wrap flatten unshard recompute rerun offload""".split()
+all-reduce allreduce materialize materialise spawn wrap flatten unshard recompute rerun
+offload""".split()
 )
 _AUX_EN = re.compile(
     r"(?<![a-z0-9])(?:is|are|was|were|be|been|being|am|has|have|had|does|do|did|can|could|will|"
@@ -128,8 +129,9 @@ _AUX_EN = re.compile(
 # after an ambiguous noun/verb form ("keeps", "gathers"), these say it is the verb
 _OBJECT_START = set(
     """the a an its their them it all each every only up out off back down into across over
-one both his her our your this that these those more less no nothing some any to in on at from with for
-after before until once twice again everything by inside within across between through""".split()
+one both his her our your this that these those more less no nothing some any to in on at from
+with for after before until once twice again everything by inside within across between
+through""".split()
 )
 _ZH_KEYWORD_RUN = re.compile(f"[{CJK}]\\s+[{CJK}]")
 
@@ -151,11 +153,13 @@ class Clause:
     after_comma: bool  # split from the previous clause of its sentence by a comma or a colon only
     aside: bool = False  # inside brackets: a side remark, which takes no subject from before it
     resumes: int | None = None  # right after a bracket closes: the index (in the answer) of the
-    # clause before the bracket opened, whose statement it continues ("most traffic (AG, RS) stays ...")
+    # clause before the bracket opened, whose statement it continues
+    # ("most traffic (AG, RS) stays ...")
 
 
 def _calls_as_words(text: str) -> str:
-    """A call is a word, not a parenthesis: torch.save(model.state_dict()) -> torch.save model.state_dict."""
+    """A call is a word, not a parenthesis:
+    torch.save(model.state_dict()) -> torch.save model.state_dict."""
     text = unicodedata.normalize("NFKC", text).replace("()", "")
     while re.search(
         r"(?<=[A-Za-z0-9_])\(([^()]*)\)", text
@@ -183,7 +187,8 @@ def clauses(text: str) -> list:
             piece = parts[i].strip()
             norm = normalise(piece)
             if norm:
-                # "it sets the environment: RANK, LOCAL_RANK ...": what a colon introduces completes the clause
+                # "it sets the environment: RANK, LOCAL_RANK ...": what a colon introduces completes
+                # the clause
                 out.append(
                     Clause(
                         s,
@@ -304,7 +309,8 @@ def _spaced_terms(text: str) -> bool:
 def keyword_list(sentence: str) -> bool:
     """Three or more items of at most two words (or four Chinese characters) each, separated by
     commas, 、, slashes or spaced Chinese words, with no auxiliary and no item that is a verb
-    phrase: 'RANK, LOCAL_RANK, WORLD_SIZE, --max-restarts', '释放、参数、显存', '环境变量 rank 会合 重启'.
+    phrase: 'RANK, LOCAL_RANK, WORLD_SIZE, --max-restarts', '释放、参数、显存',
+    '环境变量 rank 会合 重启'.
     (A Chinese word is a jieba word; an identifier like LOCAL_RANK or a flag is one word.)"""
     text = unicodedata.normalize("NFKC", sentence).strip().lower()
     if _AUX_EN.search(normalise(text)):
@@ -319,14 +325,16 @@ def keyword_list(sentence: str) -> bool:
         ascii_words = re.findall(r"[a-z0-9][a-z0-9_\-.']*", item)
         plain = re.findall(r"[a-z][a-z']*", normalise(item))
         zh = [w for w, _, _ in zh_words(item) if _CJK_CHAR.search(w)]
-        # a noun phrase of up to four words is a term too ('one process per GPU'), a verb makes it a statement
+        # a noun phrase of up to four words is a term too ('one process per GPU'), a verb makes it a
+        # statement
         short = (
             len(ascii_words) + len(zh) <= 2
             or (not zh and len(ascii_words) <= 4)
             or (len(ascii_words) <= 1 and len(_CJK_CHAR.findall(item)) <= 4)
             or (not ascii_words and len(zh) <= 3 and len(_CJK_CHAR.findall(item)) <= 6)
         )
-        # a one-word item is a term ('restarts'); two words with a verb form are a statement ('frees params')
+        # a one-word item is a term ('restarts'); two words with a verb form are a statement ('frees
+        # params')
         verb = (
             len(ascii_words) > 1
             and not item.strip().startswith("-")
@@ -437,17 +445,20 @@ def phrase_error(phrase: str) -> str | None:
     if phrase != phrase.lower():
         return "phrasings are lower case"
     if not phrase.startswith("re:") and "?" in phrase:
-        return "'?' is not part of the phrasing language: write the forms out ((rank|ranks)), or (的|) for optional"
+        return (
+            "'?' is not part of the phrasing language: write the forms out ((rank|ranks)), "
+            "or (的|) for optional"
+        )
     return None
 
 
 # --- negation and subjects ------------------------------------------------------------------------
 
-# Negation reaches the statement right after it: at most 3 English words or 2 Chinese characters
-# in between ("not worth it for models so big that the unsharded gradient ..." does not deny
-# "unsharded gradient"; "梯度不分片会多占显存" does not deny 多占显存). A quantifier ("no rank",
-# 没有哪个) or a Chinese verb of omission (省去, 跳过) reaches the whole clause: what it takes is its
-# object ("省去了反向时的第二次 all-gather"). English "skip / avoid / prevent" reach 4 words, like a
+# Negation reaches the statement right after it: at most 3 English words or 2 Chinese characters in
+# between ("not worth it for models so big that the unsharded gradient ..." does not deny "unsharded
+# gradient"; "梯度不分片会多占显存" does not deny 多占显存). A quantifier ("no rank", 没有哪个) or a
+# Chinese verb of omission (省去, 跳过) reaches the whole clause: what it takes is its object
+# ("省去了反向时的第二次 all-gather"). English "skip / avoid / prevent" reach 4 words, like a
 # negation: "skips the reduce-scatter" denies the reduce-scatter, not the rest of the clause.
 _NEG_REACH_WORDS, _NEG_REACH_CJK = 3, 2
 _NEG_QUANTIFIER_EN = re.compile(r"(?<![a-z0-9])(?:no|none of|neither)(?![a-z0-9])")
@@ -509,8 +520,8 @@ def subject_mentions(clause: str, subjects: dict) -> list:
         for p in phrasings:
             for m in compile_phrase(p).finditer(clause):
                 before = clause[: m.start()]
-                # a mention in a relative clause ("LOCAL_RANK is what you pass to set_device") is not
-                # the subject of the statement: it is read like a thing compared with
+                # a mention in a relative clause ("LOCAL_RANK is what you pass to set_device") is
+                # not the subject of the statement: it is read like a thing compared with
                 found.append(
                     Mention(
                         name,
@@ -531,7 +542,8 @@ def subject_mentions(clause: str, subjects: dict) -> list:
 
 def resolve_subject(mentions: list, start: int, end: int, inherited):
     """(subject name or None, offset after which a negation counts, named in this clause?).
-    The agent of a passive ('freed by FULL_SHARD', '被前者释放') is the subject wherever it stands."""
+    The agent of a passive ('freed by FULL_SHARD', '被前者释放') is the subject wherever it
+    stands."""
     agents = [m for m in mentions if m.agent and not m.comparand]
     if agents:
         return agents[0].name, min(agents[0].end, start), True
@@ -598,9 +610,12 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
         if _AND.search(clause, c, target) or not (whole or _reaches(clause, c_end, target)):
             continue
         if _COMPARATOR.fullmatch(clause, c, c_end) and any(a < c for a, _ in literal):
-            continue  # "costs 4P instead of 4P/N of memory": 'instead of' inside the phrasing takes its own object
+            # "costs 4P instead of 4P/N of memory": 'instead of' inside the phrasing takes its own
+            # object
+            continue
         if _CONDITION_NEXT.match(clause, c_end):
-            continue  # "not when the gradient doesn't fit": it denies the verdict, not the condition
+            # "not when the gradient doesn't fit": it denies the verdict, not the condition
+            continue
         cues.append(c)
     after = _NEG_AFTER.match(clause, match.end())
     return (len(cues) + bool(after)) % 2 == 0
@@ -615,8 +630,8 @@ _CONDITION_BEFORE = re.compile(
     r"(?:要用|要在|想|为了|如果|若|要是|以后要|(?<![a-z0-9])(?:if|when) you (?:want|"
     r"need) to)\s?\S{0,2}$"
 )
-# a modal inside the phrasing makes it a requirement, not a state: "then one rank must hold the entire
-# model" (what a full state dict needs) does not say that a rank holds it
+# a modal inside the phrasing makes it a requirement, not a state: "then one rank must hold the
+# entire model" (what a full state dict needs) does not say that a rank holds it
 _MODAL = re.compile(r"(?<![a-z])(?:must|would|has to|have to|will have to)(?![a-z])|必须")
 _CONDITION_AFTER = re.compile(
     r"\s?(?:还|就|也|)\s?(?:需要|要|得|必须|离不开)|\s(?:needs?|requires?|you need|you must|must|"
@@ -643,9 +658,9 @@ def _topic_phrasings(secret: dict) -> list:
     return out
 
 
-# the course's own vocabulary: a statement that uses it is about distributed training, whatever
-# the question's `topic` lists ("另外每个 rank 只需要存 1/N 的激活" under a question about wrapping),
-# so leaving it unread leaves something unchecked; "I learned this yesterday" uses none of it
+# the course's own vocabulary: a statement that uses it is about distributed training, whatever the
+# question's `topic` lists ("另外每个 rank 只需要存 1/N 的激活" under a question about wrapping), so
+# leaving it unread leaves something unchecked; "I learned this yesterday" uses none of it
 COURSE_TERMS = [
     "rank*",
     "gpu*",
@@ -717,7 +732,8 @@ def _read_clause(
                 and (o.start(), -o.end()) < (m.start(), -m.end())
                 for _, _, o in found
             ):
-                continue  # another form of this claim reads these words first (or reads more of them)
+                # another form of this claim reads these words first (or reads more of them)
+                continue
             if form.get("negated") and (
                 _PURPOSE.search(norm[: m.start()])
                 or _CONDITION_BEFORE.search(norm[: m.start()])
@@ -733,7 +749,9 @@ def _read_clause(
             if want and (subject is None or subject not in (want, rival)):
                 continue  # a statement about something else (or about nobody named)
             if not want and named and subject in owners and subject != rival:
-                continue  # a form about the topic at large does not read a clause about a subject with claims of its own
+                # a form about the topic at large does not read a clause about a subject with
+                # claims of its own
+                continue
             affirmed = _polarity(norm, m, anchor)
             swapped = subject is not None and subject == rival
             # each of denial, a form true only when denied, and the rival subject flips it
@@ -751,10 +769,16 @@ def _read_clause(
                 )
                 accounted = True
                 continue
+            outcome = (
+                "supports"
+                if true
+                else "ignored (one way)"
+                if form.get("one_way")
+                else "MISCONCEPTION"
+            )
             trace.append(
                 f"[{norm}] {claim['id']}#{f_index + 1} {m.group(0)!r} "
-                f"subject={subject} {'affirmed' if affirmed else 'denied'} -> "
-                f"{'supports' if true else 'ignored (one way)' if form.get('one_way') else 'MISCONCEPTION'}"
+                f"subject={subject} {'affirmed' if affirmed else 'denied'} -> {outcome}"
             )
             accounted = True
             if not true and form.get("one_way"):
@@ -872,8 +896,8 @@ def read_answer(text: str, secret: dict) -> Reading:
     # not what the subjects named before it do
     remedies = {s for s, sent in enumerate(sentence_text) if _REMEDY.match(normalise(sent))}
     # a sentence about the alternative ("If you don't wrap per block, nothing is freed until ...",
-    # "不按 block 包，算完之前一个参数都不会被释放") denies what the alternative does not do: what it
-    # states is credited, what it denies is no misconception
+    # "不按 block 包，算完之前一个参数都不会被释放") denies what the alternative does not do: what
+    # it states is credited, what it denies is no misconception
     otherwise = {
         s for s, sent in enumerate(sentence_text) if _COUNTERFACTUAL.match(normalise(sent))
     }
@@ -887,13 +911,14 @@ def read_answer(text: str, secret: dict) -> Reading:
             named = [m for m in subject_mentions(c.norm, subjects) if not m.comparand]
             inherited = named[-1].name if named else inherited
             continue
-        # a side remark in brackets, or a clause about both ("两者都...", "both keep ...", "neither"),
-        # takes no subject from before it
+        # a side remark in brackets, or a clause about both ("两者都...", "both keep ...",
+        # "neither"), takes no subject from before it
         clause_inherited = (
             None if c.aside or c.sentence in remedies or _BOTH.search(c.norm) else inherited
         )
         # "..., without it every rank normalises with its own statistics": the clause is about the
-        # alternative; its 'without' denies nothing of what follows (like a sentence about the alternative)
+        # alternative; its 'without' denies nothing of what follows (like a sentence about the
+        # alternative)
         cf = _CF_CLAUSE.match(c.norm)
         norm = c.norm[cf.end() :] if cf else c.norm
         events, accounted = _read_clause(
@@ -902,31 +927,34 @@ def read_answer(text: str, secret: dict) -> Reading:
         if not accounted and (
             _framing(sentence_text[c.sentence], subjects) or _ellipsis(c.norm, subjects)
         ):
-            # "The difference is what happens after forward", "本质上是拿显存换通信": a frame for the
-            # statements around it; "..., SHARD_GRAD_OP does not": the statement before it, denied of
-            # the other subject. Read (it leaves nothing unchecked), credited with nothing.
+            # "The difference is what happens after forward", "本质上是拿显存换通信": a frame for
+            # the statements around it; "..., SHARD_GRAD_OP does not": the statement before it,
+            # denied of the other subject. Read (it leaves nothing unchecked), credited with
+            # nothing.
             reading.trace.append(f"[{c.norm}] a frame or an elliptic denial: read, credits nothing")
             accounted = True
         prev = all_clauses[i - 1] if i else None
         if not accounted and prev is not None and prev.sentence == c.sentence and c.after_comma:
-            # a statement split by a comma ("FULL_SHARD 在前向之后，会释放参数"): read the two together
+            # a statement split by a comma ("FULL_SHARD 在前向之后，会释放参数"): read the two
+            # together
             joined = f"{prev.norm} {c.norm}"
             events, _ = _read_clause(
                 joined, secret, subjects, owners, prev_inherited, reading.trace
             )
-            # what the two clauses state together is credited; a misconception is never built
-            # out of two clauses (a '...' gap across the comma reads words that do not belong together)
+            # what the two clauses state together is credited; a misconception is never built out of
+            # two clauses (a '...' gap across the comma reads words that do not belong together)
             events = [e for e in events if e[0] != "wrong"]
             # only what needs both halves reads this clause: a phrasing the clause before states on
-            # its own ("..., and MASTER_ADDR for the rendezvous, and it also copies the model") is no
-            # evidence for what this clause says
+            # its own ("..., and MASTER_ADDR for the rendezvous, and it also copies the model") is
+            # no evidence for what this clause says
             alone, _ = _read_clause(prev.norm, secret, subjects, owners, prev_inherited, [])
             events = [e for e in events if e not in alone]
             accounted = bool(events)
             apply(events, f"{prev.text}, {c.text}")
         elif not accounted and c.resumes is not None:
-            # the statement a bracket interrupted ("most of the traffic (all-gathers, reduce-scatters)
-            # stays inside the node"): read its two halves together, misconceptions aside as above
+            # the statement a bracket interrupted ("most of the traffic (all-gathers,
+            # reduce-scatters) stays inside the node"): read its two halves together, misconceptions
+            # aside as above
             before = all_clauses[c.resumes]
             events, _ = _read_clause(
                 f"{before.norm} {c.norm}", secret, subjects, owners, clause_inherited, reading.trace

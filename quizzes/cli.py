@@ -33,7 +33,7 @@ examples:
   python -m quizzes seal /tmp/l1.json             # writes quizzes/banks/lesson1.json
   python -m quizzes explain lesson1 q_full_vs_shard_grad_op "FULL_SHARD frees ..."
   python -m quizzes corpus tests/data/quiz_corpus/lesson1.json
-  python -m quizzes report                        # open-answer grader: tuning corpus and held-out set
+  python -m quizzes report                        open-answer grader: tuning corpus, held-out set
 
 answers file for `grade` (JSON):
   {"lesson": "lesson1", "lang": "en",

@@ -127,7 +127,8 @@ class Matrix:
 
 
 def matrices(graded: list) -> dict:
-    """{"all": Matrix, "kind": {(label, kind): Matrix}, "lang": {lang: Matrix}, "question": {...}}"""
+    """The confusion matrices of graded answers, overall and per group:
+    {"all": Matrix, "kind": {(label, kind): Matrix}, "lang": {lang: Matrix}, "question": {...}}"""
     out = {
         "all": Matrix(),
         "kind": defaultdict(Matrix),

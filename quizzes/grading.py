@@ -196,7 +196,10 @@ def show_number(value: Decimal) -> str:
         return "0"
     if len(digits) > 30:  # cut (not rounded) and marked: the digits shown are the learner's
         head = "".join(map(str, digits[:20]))
-        return f"{'-' if sign else ''}{head[0]}.{head[1:]}…e{len(digits) + exp - 1} ({len(digits)} digits)"
+        return (
+            f"{'-' if sign else ''}{head[0]}.{head[1:]}…e{len(digits) + exp - 1} "
+            f"({len(digits)} digits)"
+        )
     if len(digits) + exp > 21 or len(digits) + exp < -6:  # beyond what reads well in plain digits
         return f"{value:E}".replace("E+", "e").replace("E", "e")
     return f"{value:,f}"
@@ -225,7 +228,8 @@ def _grade_numeric(q: Question, answer, lang: str) -> Result:
     return Result(
         False,
         0.0,
-        f"{msg('wrong', lang)}{_space(lang)}{msg('numeric_bad', lang, given=given, unit=q.unit[lang])}\n"
+        f"{msg('wrong', lang)}{_space(lang)}"
+        f"{msg('numeric_bad', lang, given=given, unit=q.unit[lang])}\n"
         f"{msg('how', lang)}{_space(lang)}{s['explanation'][lang]}",
         details,
     )

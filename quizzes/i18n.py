@@ -57,7 +57,8 @@ MESSAGES = {
     },
     "unread": {"en": "Sentences the grader could not read:", "zh": "没能读懂的句子："},
     "mark_yourself": {
-        "en": "Compare your answer with the reference and mark it yourself: does it state each key idea, the right way round?",
+        "en": "Compare your answer with the reference and mark it yourself: "
+        "does it state each key idea, the right way round?",
         "zh": "请对照参考答案自己判断：你的回答是否说到了下面每个要点，且方向正确？",
     },
     "none": {"en": "(none)", "zh": "（无）"},
@@ -147,7 +148,8 @@ MESSAGES = {
         "zh": "{qid} 是单选题：请回答一个选项字母（例如 'b'），不要给列表",
     },
     "option_type": {
-        "en": "{qid}: an option is given by its id as a string (one of {options}), not {kind} {value}",
+        "en": "{qid}: an option is given by its id as a string (one of {options}), "
+        "not {kind} {value}",
         "zh": "{qid}：选项要用字母字符串表示（{options} 之一），而不是 {kind} {value}",
     },
     "unknown_option": {
@@ -155,7 +157,8 @@ MESSAGES = {
         "zh": "{qid}：没有选项 {value}（请从 {options} 中选择）",
     },
     "multi_type": {
-        "en": "{qid} is multiple-choice: answer with a list of option ids such as ['a', 'c'], not {kind} {value}",
+        "en": "{qid} is multiple-choice: answer with a list of option ids such as ['a', 'c'], "
+        "not {kind} {value}",
         "zh": "{qid} 是多选题：请回答选项字母的列表（例如 ['a', 'c']），而不是 {kind} {value}",
     },
     "numeric_type": {
@@ -167,9 +170,10 @@ MESSAGES = {
         "zh": "{qid} 是数值题：{n} 个字符不是一个数字答案（最多 {limit} 个）",
     },
     "numeric_comma": {
-        "en": "{qid} is numeric: cannot tell what the comma in {value} means; write a decimal point (0.8) "
-        "and, if you like, commas between thousands (1,000,000)",
-        "zh": "{qid} 是数值题：无法判断 {value} 中逗号的含义；小数请用小数点（0.8），千位分隔可用逗号（1,000,000）",
+        "en": "{qid} is numeric: cannot tell what the comma in {value} means; "
+        "write a decimal point (0.8) and, if you like, commas between thousands (1,000,000)",
+        "zh": "{qid} 是数值题：无法判断 {value} 中逗号的含义；"
+        "小数请用小数点（0.8），千位分隔可用逗号（1,000,000）",
     },
     "numeric_unreadable": {
         "en": "{qid} is numeric: cannot read {value} as a number",
@@ -191,7 +195,8 @@ MESSAGES = {
 
 
 class AnswerError(QuizError):
-    """An answer of the wrong shape; str() is English, text(lang) says it in the learner's language."""
+    """An answer of the wrong shape; str() is English, text(lang) says it in the learner's
+    language."""
 
     def __init__(self, key: str, **kw):
         self.key, self.kw = key, kw

@@ -477,7 +477,8 @@ def test_readme_worked_example(tmp_path, monkeypatch):
 
 
 def test_full_state_dict_file_loads_into_a_plain_model_is_not_wrong():
-    """Classic FSDP's default FULL_STATE_DICT file is a full copy that lesson 4 loads into a plain GPT."""
+    """Classic FSDP's default FULL_STATE_DICT file is a full copy that lesson 4 loads into a
+    plain GPT."""
     r = quizzes.grade(
         "lesson4",
         "q_why_not_torch_save",
@@ -531,7 +532,8 @@ def test_cli_report_on_a_folder(demo_bank, tmp_path, capsys):
             "label": "correct",
             "lang": "en",
             "kind": "right",
-            "answer": "FULL_SHARD frees the parameters after forward; SHARD_GRAD_OP uses more memory.",
+            "answer": "FULL_SHARD frees the parameters after forward; "
+            "SHARD_GRAD_OP uses more memory.",
         },
         {
             "label": "wrong",
@@ -639,8 +641,8 @@ def test_a_statement_interrupted_by_brackets_is_read_whole():
         (
             "lesson8",
             "q_hsdp_why",
-            "all-gather 和 reduce-scatter 留在节点内，跨节点的只有梯度分片的 "
-            "all-reduce，因为节点之间的链路比节点内快。",
+            "all-gather 和 reduce-scatter 留在节点内，跨节点的只有梯度分片的 all-reduce，"
+            "因为节点之间的链路比节点内快。",
         ),
         # a right answer, then a false figure
         (
@@ -691,7 +693,8 @@ def test_a_false_statement_beside_right_ones_makes_it_wrong(lesson, qid, answer)
 @pytest.mark.parametrize(
     "lesson,qid,answer",
     [
-        # half of the answer: the mechanism without its trade-off, the heavy traffic without what crosses
+        # half of the answer: the mechanism without its trade-off, the heavy traffic without what
+        # crosses
         (
             "lesson1",
             "q_full_vs_shard_grad_op",
@@ -708,8 +711,8 @@ def test_a_false_statement_beside_right_ones_makes_it_wrong(lesson, qid, answer)
         (
             "lesson6",
             "q_bn_sync",
-            "每个 rank 拿自己那个小 batch "
-            "算均值和方差，和全局的不一样，所以输出和梯度都和单卡不同。",
+            "每个 rank 拿自己那个小 batch 算均值和方差，"
+            "和全局的不一样，所以输出和梯度都和单卡不同。",
         ),
         # loose words for the heavy traffic: 'the communication' is not the all-gathers
         (
@@ -729,7 +732,8 @@ def test_each_key_idea_needs_its_own_evidence(lesson, qid, answer):
 @pytest.mark.parametrize(
     "answer,verdict",
     [
-        # a frame announces what follows, an elliptic denial repeats the statement before it: both read
+        # a frame announces what follows, an elliptic denial repeats the statement before it: both
+        # read
         (
             "What differs is the fate of the gathered weights. FULL_SHARD drops them after forward "
             "and gathers them again in backward; SHARD_GRAD_OP does not.",
@@ -828,9 +832,9 @@ def test_a_subject_in_a_relative_clause_is_not_the_subject():
         (
             "lesson0",
             "q_torchrun_setup",
-            "torchrun "
-            "帮你把活都干了：每个节点每张卡起一个进程，挂了会重启。每个进程的身份是通过环境变量传进"
-            "去的（RANK、LOCAL_RANK、WORLD_SIZE），MASTER_ADDR 和 MASTER_PORT 用来会合。",
+            "torchrun 帮你把活都干了：每个节点每张卡起一个进程，挂了会重启。"
+            "每个进程的身份是通过环境变量传进去的（RANK、LOCAL_RANK、WORLD_SIZE），"
+            "MASTER_ADDR 和 MASTER_PORT 用来会合。",
             "zh",
         ),
         # a bottleneck of memory is not a slow network
@@ -878,7 +882,8 @@ def test_elliptic_denial_with_an_apostrophe():
 
 
 def test_a_modal_makes_a_requirement_not_a_state():
-    """'one rank must hold the entire model' is what a full state dict needs, not a claim that a rank holds it."""
+    """'one rank must hold the entire model' is what a full state dict needs, not a claim that
+    a rank holds it."""
     r = quizzes.grade(
         "lesson4",
         "q_why_not_torch_save",

@@ -399,7 +399,8 @@ def test_widget_numeric_and_open_feedback():
 
 
 def test_feedback_says_right_once():
-    """No "Correct. Right: ..." / "正确。正确：...": the badge says it, the explanation does not again."""
+    """No "Correct. Right: ..." / "正确。正确：...": the badge says it, the explanation does
+    not again."""
     from quizzes import present
 
     for lesson in LESSONS:
