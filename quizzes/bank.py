@@ -6,6 +6,7 @@ checker paths) in a per-question ``sealed`` field: base64 of zlib-compressed JSO
 security (anyone can unseal it); it only keeps answers from being read by accident while
 browsing the repository.
 """
+
 from __future__ import annotations
 
 import base64
@@ -91,6 +92,7 @@ class Bank:
 
 # --- sealing -------------------------------------------------------------------------------
 
+
 def seal_obj(obj) -> str:
     raw = json.dumps(obj, ensure_ascii=False, sort_keys=True).encode("utf-8")
     return base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
@@ -105,6 +107,7 @@ def unseal_text(text: str, where: str = "sealed field") -> dict:
 
 # --- finding and loading banks -------------------------------------------------------------
 
+
 def bank_dirs() -> list:
     extra = [Path(p) for p in os.environ.get(BANK_PATH_ENV, "").split(os.pathsep) if p]
     return extra + [BANK_DIR]
@@ -116,7 +119,9 @@ def known_lessons() -> list:
         if d.is_dir():
             names.update(p.stem for p in d.glob("*.json"))
     # natural order: lesson2 before lesson10
-    return sorted(names, key=lambda s: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)])
+    return sorted(
+        names, key=lambda s: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
+    )
 
 
 def normalise_lesson(lesson) -> str:
@@ -161,19 +166,30 @@ def bank_from_dict(data: dict, path: Path | None = None) -> Bank:
             raise QuizError(f"{where}: question #{i + 1} is not an object")
         extra = set(qd) - PUBLIC_KEYS
         if extra:
-            raise QuizError(f"{where}: question {qd.get('id')!r} has non-public keys {sorted(extra)}"
-                            " (answers belong in 'sealed')")
+            raise QuizError(
+                f"{where}: question {qd.get('id')!r} has non-public keys {sorted(extra)}"
+                " (answers belong in 'sealed')"
+            )
         options = [Option(o["id"], o["text"]) for o in qd.get("options", [])]
-        questions.append(Question(qd["id"], qd["type"], qd["prompt"], options,
-                                  qd.get("unit"), qd.get("sealed", "")))
-    bank = Bank(data.get("lesson", path.stem if path else "?"), data.get("title", {}), questions, path)
+        questions.append(
+            Question(
+                qd["id"], qd["type"], qd["prompt"], options, qd.get("unit"), qd.get("sealed", "")
+            )
+        )
+    bank = Bank(
+        data.get("lesson", path.stem if path else "?"), data.get("title", {}), questions, path
+    )
     problems = validate(bank)
     if problems:
-        raise QuizError(f"{where}: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
+        raise QuizError(
+            f"{where}: {problems[0]}"
+            + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
+        )
     return bank
 
 
 # --- authoring: sealed bank <-> plain authoring dict ---------------------------------------
+
 
 def to_authoring(bank: Bank) -> dict:
     """The plain, editable form of a bank: each question's sealed data under 'secret'."""
@@ -191,7 +207,11 @@ def to_authoring(bank: Bank) -> dict:
 
 def from_authoring(data: dict) -> dict:
     """Seal an authoring dict into the bank-file dict (validated)."""
-    if not isinstance(data, dict) or not isinstance(data.get("questions"), list) or "lesson" not in data:
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("questions"), list)
+        or "lesson" not in data
+    ):
         raise QuizError("an authoring file is an object with 'lesson' and a 'questions' list")
     questions = []
     for qd in data["questions"]:
@@ -200,8 +220,12 @@ def from_authoring(data: dict) -> dict:
         public = {k: v for k, v in qd.items() if k != "secret"}
         public["sealed"] = seal_obj(qd["secret"])
         questions.append(public)
-    bank_dict = {"format": FORMAT, "lesson": data["lesson"], "title": data.get("title", {}),
-                 "questions": questions}
+    bank_dict = {
+        "format": FORMAT,
+        "lesson": data["lesson"],
+        "title": data.get("title", {}),
+        "questions": questions,
+    }
     bank_from_dict(bank_dict)  # raises QuizError on any problem
     return bank_dict
 
@@ -211,6 +235,7 @@ def dump_bank(bank_dict: dict) -> str:
 
 
 # --- validation (also the bank lint the tests run) -----------------------------------------
+
 
 def _bilingual(d) -> bool:
     return isinstance(d, dict) and all(isinstance(d.get(k), str) and d[k].strip() for k in LANGS)
@@ -258,13 +283,22 @@ def _validate_secret(q: Question, s: dict) -> list:
             p.append(f"secret.correct {correct!r} names options that do not exist")
         why = s.get("why", {})
         # every option gets a why: wrong ones say why they are wrong, right ones why they are right
-        p += [f"option {i!r} has no en+zh explanation in secret.why" for i in ids if not _bilingual(why.get(i))]
+        p += [
+            f"option {i!r} has no en+zh explanation in secret.why"
+            for i in ids
+            if not _bilingual(why.get(i))
+        ]
     elif q.type == "numeric":
         if not isinstance(s.get("value"), (int, float)):
             p.append("secret.value must be a number")
         tol = s.get("tolerance", {})
-        if not (isinstance(tol, dict) and len(tol) == 1 and set(tol) <= {"abs", "rel"}
-                and isinstance(next(iter(tol.values())), (int, float)) and next(iter(tol.values())) >= 0):
+        if not (
+            isinstance(tol, dict)
+            and len(tol) == 1
+            and set(tol) <= {"abs", "rel"}
+            and isinstance(next(iter(tol.values())), (int, float))
+            and next(iter(tol.values())) >= 0
+        ):
             p.append("secret.tolerance must be {'abs': x} or {'rel': x} with x >= 0")
         if not _bilingual(s.get("explanation")):
             p.append("secret.explanation needs en and zh text")
@@ -274,16 +308,25 @@ def _validate_secret(q: Question, s: dict) -> list:
         p += validate_open(s)
     elif q.type == "code" and s:
         # Checkers register themselves (quizzes.exercise.exercise); a bank names none.
-        p.append(f"a code question keeps no secret (its checker registers itself with "
-                 f"@exercise(lesson, id)); found {sorted(s)}")
+        p.append(
+            f"a code question keeps no secret (its checker registers itself with "
+            f"@exercise(lesson, id)); found {sorted(s)}"
+        )
     return p
 
 
 def _says_problems(where: str, says) -> list:
-    if not (isinstance(says, dict) and all(isinstance(says.get(k), list) and says[k] for k in LANGS)):
+    if not (
+        isinstance(says, dict) and all(isinstance(says.get(k), list) and says[k] for k in LANGS)
+    ):
         return [f"{where}: 'says' needs en and zh phrasings"]
-    return [f"{where}: phrasing {ph!r}: {err}" for k in LANGS for ph in says[k]
-            for err in [phrase_error(ph) if isinstance(ph, str) else "not a string"] if err]
+    return [
+        f"{where}: phrasing {ph!r}: {err}"
+        for k in LANGS
+        for ph in says[k]
+        for err in [phrase_error(ph) if isinstance(ph, str) else "not a string"]
+        if err
+    ]
 
 
 def _fix_problems(where: str, entry: dict, keys) -> list:
@@ -292,9 +335,13 @@ def _fix_problems(where: str, entry: dict, keys) -> list:
     out = []
     for key in keys:
         text = entry.get(key)
-        if _bilingual(text) and (text["en"].lower().startswith("you wrote") or text["zh"].startswith("你写")):
-            out.append(f"{where}: '{key}' says what is true instead (the feedback quotes the learner "
-                       "before it), not 'you wrote that ...'")
+        if _bilingual(text) and (
+            text["en"].lower().startswith("you wrote") or text["zh"].startswith("你写")
+        ):
+            out.append(
+                f"{where}: '{key}' says what is true instead (the feedback quotes the learner "
+                "before it), not 'you wrote that ...'"
+            )
     return out
 
 
@@ -303,8 +350,10 @@ def validate_open(s: dict) -> list:
     p = []
     old = sorted({"ideas", "min_ideas", "samples"} & set(s))
     if old:
-        p.append(f"keyword rubric fields {old} are no longer graded: write claims "
-                 "(quizzes/README.md, 'Open questions graded by claims')")
+        p.append(
+            f"keyword rubric fields {old} are no longer graded: write claims "
+            "(quizzes/README.md, 'Open questions graded by claims')"
+        )
     subjects = s.get("subjects", {})
     if not isinstance(subjects, dict):
         p.append("secret.subjects must be an object of name -> {en, zh} phrasings")
@@ -325,8 +374,10 @@ def validate_open(s: dict) -> list:
         if not _bilingual(c.get("label")):
             p.append(f"claim {cid!r}: needs an en and zh label")
         if "weight" in c:
-            p.append(f"claim {cid!r}: 'weight' is no longer graded: every key idea is required "
-                     "(group the claims into secret.key_ideas)")
+            p.append(
+                f"claim {cid!r}: 'weight' is no longer graded: every key idea is required "
+                "(group the claims into secret.key_ideas)"
+            )
         forms = c.get("forms")
         if not isinstance(forms, list) or not forms:
             p.append(f"claim {cid!r}: needs a non-empty list of forms")
@@ -338,12 +389,18 @@ def validate_open(s: dict) -> list:
                 if key in f and f[key] not in subjects:
                     p.append(f"{where}: {key} {f[key]!r} is not in secret.subjects")
             if not f.get("one_way") and not _bilingual(f.get("wrong")):
-                p.append(f"{where}: needs an en and zh 'wrong' text (what is true instead of the denied statement)")
+                p.append(
+                    f"{where}: needs an en and zh 'wrong' text (what is true instead of the denied "
+                    "statement)"
+                )
             if "rival" in f and not _bilingual(f.get("swapped")):
                 p.append(f"{where}: a form with a rival needs an en and zh 'swapped' text")
             p += _fix_problems(where, f, ("wrong", "swapped"))
             if f.get("own_subject") and "rival" not in f:
-                p.append(f"{where}: own_subject needs a rival (it says the rival's denial credits nothing)")
+                p.append(
+                    f"{where}: own_subject needs a rival (it says the rival's denial credits "
+                    "nothing)"
+                )
     for i, m in enumerate(s.get("misconceptions", [])):
         where = f"misconception {m.get('id', '#' + str(i + 1))!r}"
         if not isinstance(m.get("id"), str) or m["id"] in ids:
@@ -356,29 +413,46 @@ def validate_open(s: dict) -> list:
         if "subject" in m and m["subject"] not in subjects:
             p.append(f"{where}: subject {m['subject']!r} is not in secret.subjects")
     if "min_claims" in s:
-        p.append("secret.min_claims is no longer graded: an answer is correct when it states every key "
-                 "idea (secret.key_ideas)")
+        p.append(
+            "secret.min_claims is no longer graded: an answer is correct when it states every key "
+            "idea (secret.key_ideas)"
+        )
     for i, k in enumerate(s.get("key_ideas", [])):
         where = f"key idea #{i + 1}"
-        if not (isinstance(k, dict) and isinstance(k.get("id"), str) and _bilingual(k.get("label"))
-                and isinstance(k.get("claims"), list) and k["claims"]):
+        if not (
+            isinstance(k, dict)
+            and isinstance(k.get("id"), str)
+            and _bilingual(k.get("label"))
+            and isinstance(k.get("claims"), list)
+            and k["claims"]
+        ):
             p.append(f"{where}: needs an id, an en and zh label and a non-empty list of claim ids")
             continue
         for cid in k["claims"]:
             if cid not in ids:
                 p.append(f"key idea {k['id']!r}: claim {cid!r} is not a claim of this question")
-    grouped = [cid for k in s.get("key_ideas", []) if isinstance(k, dict) for cid in k.get("claims") or []]
+    grouped = [
+        cid for k in s.get("key_ideas", []) if isinstance(k, dict) for cid in k.get("claims") or []
+    ]
     if len(grouped) != len(set(grouped)):
-        p.append("key_ideas: a claim belongs to one key idea at most (else one sentence meets two ideas)")
+        p.append(
+            "key_ideas: a claim belongs to one key idea at most (else one sentence meets two ideas)"
+        )
     if "key_ideas" in s and not s["key_ideas"]:
         p.append("key_ideas: at least one key idea")
     if "topic" in s:
         p += _says_problems("topic", s["topic"])
     else:
-        p.append("secret.topic needs en and zh phrasings of what the question is about: a sentence "
-                 "that names them and matches no claim is 'unread', and the verdict is at best unsure")
+        p.append(
+            "secret.topic needs en and zh phrasings of what the question is about: a sentence "
+            "that names them and matches no claim is 'unread', and the verdict is at best unsure"
+        )
     for i, r in enumerate(s.get("neutral", [])):
-        where = f"neutral remark {r.get('id', '#' + str(i + 1))!r}" if isinstance(r, dict) else f"neutral #{i + 1}"
+        where = (
+            f"neutral remark {r.get('id', '#' + str(i + 1))!r}"
+            if isinstance(r, dict)
+            else f"neutral #{i + 1}"
+        )
         if not isinstance(r, dict) or not isinstance(r.get("id"), str) or r["id"] in ids:
             p.append(f"{where}: needs a unique string id")
             continue

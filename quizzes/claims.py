@@ -8,6 +8,7 @@ clause that states something about the question's topic and matches nothing the 
 is *unread*: the grader says so instead of guessing. Nothing here knows about any lesson: every
 rule comes from the question's sealed data.
 """
+
 from __future__ import annotations
 
 import re
@@ -29,13 +30,16 @@ _COMMA = r"[,，、]+"
 _CLAUSE_SPLIT = re.compile(
     r"(" + _COMMA + r"|[:()\[\]：（）]+"
     # "only while it runs", "just because": a condition of the clause, not a new statement
-    r"|(?<!\bonly)(?<!\bjust)\s(?:but|while|whereas|although|though|however|yet|so|because|since|which|therefore|thus|hence)\s"
-    r"|而|但|则|却|不过|然而|所以|因为|因此|于是|从而)")
+    r"|(?<!\bonly)(?<!\bjust)\s(?:but|while|whereas|although|though|however|yet|so|because|since|"
+    r"which|therefore|thus|hence)\s|而|但|则|却|不过|然而|所以|因为|因此|于是|从而)"
+)
 
 # What makes a mention the thing compared with rather than the subject of the clause.
-_COMPARAND = re.compile(r"(?:\b(?:than|unlike|like|compared (?:to|with)|versus|vs|as opposed to|instead of|"
-                        r"rather than|same as|similar to|as with|without)\s+(?:the\s+|with\s+|a\s+|any\s+)?$)"
-                        r"|(?:(?:比|相比|比起|不像|不同于|与|和|跟|像)\s*$)")
+_COMPARAND = re.compile(
+    r"(?:\b(?:than|unlike|like|compared (?:to|with)|versus|vs|as opposed to|instead of|"
+    r"rather than|same as|similar to|as with|without)\s+(?:the\s+|with\s+|a\s+|any\s+)?$)"
+    r"|(?:(?:比|相比|比起|不像|不同于|与|和|跟|像)\s*$)"
+)
 # ... and one the action is done for ("sets them for you", "帮你把多进程的活干了") is not either
 _RELATIVE = re.compile(r"(?<![a-z0-9])(?:what|which|whom|whatever|for)\s+$|(?:帮|替|为|给)\s*$")
 # What makes a mention the agent of a passive verb, hence the subject: "freed by FULL_SHARD",
@@ -44,34 +48,91 @@ _AGENT = re.compile(r"(?:(?<![a-z0-9])by\s+(?:the\s+)?$)|(?:[被由让]\s*$)")
 
 # English negation: whole words; "no" before "sync"/"shard" is the name no_sync / NO_SHARD.
 _NEG_EN = re.compile(
-    r"(?<![a-z0-9])(?:not(?! only)|no(?! (?:sync|shard|matter))|never|without|nothing|none|neither|nor|"
-    r"cannot|hardly|instead of|rather than|prevent\w*|avoid\w*|skip\w*|omit\w*|\w+n't|doesnt|dont|isnt|cant|wont|"
-    r"arent|didnt|wasnt|werent|shouldnt|wouldnt|couldnt|hasnt|havent|neednt|mustnt)(?![a-z0-9])")
+    r"(?<![a-z0-9])(?:not(?! only)|no(?! (?:sync|shard|matter))|never|without|nothing|none|neither|"
+    r"nor|cannot|hardly|instead of|rather than|prevent\w*|avoid\w*|skip\w*|omit\w*|\w+n't|doesnt|"
+    r"dont|isnt|cant|wont|arent|didnt|wasnt|werent|shouldnt|wouldnt|couldnt|hasnt|havent|neednt|"
+    r"mustnt)(?![a-z0-9])"
+)
 # Chinese negation: read per word (jieba). A word is a negation when it is one of these or starts
 # with 不/没/无/未/非/别/勿 and is not a word of its own meaning (不同, 差不多 is a word already).
 _NEG_ZH_HEADS = "不没无未非别勿"
-_NEG_ZH_WORDS = {"并不", "并没有", "并没", "并非", "从不", "从没", "从未", "决不", "绝不", "毫无", "没法",
-                 "避免", "阻止", "防止", "跳过", "省去", "省掉", "免去", "用不着", "犯不着"}
-_NOT_NEG_ZH = {"不同", "不仅", "不只", "不但", "不过", "不断", "不管", "不论", "无论", "非常", "不少", "不久",
-               "除非", "未来", "无关紧要", "不一", "不等", "不一样", "无数", "非得", "别的", "别人", "不光",
-               "无非", "未必然", "不然", "要不然", "不如", "不变"}
+_NEG_ZH_WORDS = {
+    "并不",
+    "并没有",
+    "并没",
+    "并非",
+    "从不",
+    "从没",
+    "从未",
+    "决不",
+    "绝不",
+    "毫无",
+    "没法",
+    "避免",
+    "阻止",
+    "防止",
+    "跳过",
+    "省去",
+    "省掉",
+    "免去",
+    "用不着",
+    "犯不着",
+}
+_NOT_NEG_ZH = {
+    "不同",
+    "不仅",
+    "不只",
+    "不但",
+    "不过",
+    "不断",
+    "不管",
+    "不论",
+    "无论",
+    "非常",
+    "不少",
+    "不久",
+    "除非",
+    "未来",
+    "无关紧要",
+    "不一",
+    "不等",
+    "不一样",
+    "无数",
+    "非得",
+    "别的",
+    "别人",
+    "不光",
+    "无非",
+    "未必然",
+    "不然",
+    "要不然",
+    "不如",
+    "不变",
+}
 # 未分片 is "unsharded", one adjective
 _NOT_NEG_ZH_RE = re.compile(r"未\s?分片|非分片|是不是|要不要|能不能|会不会")
 # Verbs of omission reach their object anywhere in the clause ("省去了反向时的第二次 all-gather").
 _OMIT_ZH = {"避免", "阻止", "防止", "跳过", "省去", "省掉", "免去"}
 
 # A clause "carries a verb" when it is a statement, not a keyword list.
-_DOMAIN_VERBS = set("""shard reshard gather prefetch checkpoint broadcast sync synchronize synchronise
-all-reduce allreduce materialize materialise spawn wrap flatten unshard recompute rerun offload""".split())
+_DOMAIN_VERBS = set(
+    """shard reshard gather prefetch checkpoint broadcast sync synchronize synchronise
+all-reduce allreduce materialize materialise spawn wrap flatten unshard recompute rerun
+offload""".split()
+)
 _AUX_EN = re.compile(
-    r"(?<![a-z0-9])(?:is|are|was|were|be|been|being|am|has|have|had|does|do|did|can|could|will|would|"
-    r"must|should|shall|may|might|need|needs|it|they|we|you|i|he|she|both|there|which|who|because|"
-    r"not|never|always|also|"
-    r"\w+n't|\w+'s|\w+'re|\w+'ll|\w+'d|cannot|doesnt|dont|isnt|cant|wont|arent)(?![a-z0-9])")
+    r"(?<![a-z0-9])(?:is|are|was|were|be|been|being|am|has|have|had|does|do|did|can|could|will|"
+    r"would|must|should|shall|may|might|need|needs|it|they|we|you|i|he|she|both|there|which|who|"
+    r"because|not|never|always|also|\w+n't|\w+'s|\w+'re|\w+'ll|\w+'d|cannot|doesnt|dont|isnt|cant|"
+    r"wont|arent)(?![a-z0-9])"
+)
 # after an ambiguous noun/verb form ("keeps", "gathers"), these say it is the verb
-_OBJECT_START = set("""the a an its their them it all each every only up out off back down into across over
-one both his her our your this that these those more less no nothing some any to in on at from with for
-after before until once twice again everything by inside within across between through""".split())
+_OBJECT_START = set(
+    """the a an its their them it all each every only up out off back down into across over
+one both his her our your this that these those more less no nothing some any to in on at from
+with for after before until once twice again everything by inside within across between
+through""".split()
+)
 _ZH_KEYWORD_RUN = re.compile(f"[{CJK}]\\s+[{CJK}]")
 
 
@@ -87,18 +148,22 @@ def normalise(text: str) -> str:
 @dataclass
 class Clause:
     sentence: int
-    norm: str             # normalised (what phrasings match)
-    text: str             # as the learner wrote it (what feedback quotes)
-    after_comma: bool     # split from the previous clause of its sentence by a comma or a colon only
-    aside: bool = False   # inside brackets: a side remark, which takes no subject from before it
+    norm: str  # normalised (what phrasings match)
+    text: str  # as the learner wrote it (what feedback quotes)
+    after_comma: bool  # split from the previous clause of its sentence by a comma or a colon only
+    aside: bool = False  # inside brackets: a side remark, which takes no subject from before it
     resumes: int | None = None  # right after a bracket closes: the index (in the answer) of the
-    # clause before the bracket opened, whose statement it continues ("most traffic (AG, RS) stays ...")
+    # clause before the bracket opened, whose statement it continues
+    # ("most traffic (AG, RS) stays ...")
 
 
 def _calls_as_words(text: str) -> str:
-    """A call is a word, not a parenthesis: torch.save(model.state_dict()) -> torch.save model.state_dict."""
+    """A call is a word, not a parenthesis:
+    torch.save(model.state_dict()) -> torch.save model.state_dict."""
     text = unicodedata.normalize("NFKC", text).replace("()", "")
-    while re.search(r"(?<=[A-Za-z0-9_])\(([^()]*)\)", text):  # ASCII identifiers only: 两倍（…） is an aside
+    while re.search(
+        r"(?<=[A-Za-z0-9_])\(([^()]*)\)", text
+    ):  # ASCII identifiers only: 两倍（…） is an aside
         text = re.sub(r"(?<=[A-Za-z0-9_])\(([^()]*)\)", r" \1", text)
     return text
 
@@ -122,14 +187,25 @@ def clauses(text: str) -> list:
             piece = parts[i].strip()
             norm = normalise(piece)
             if norm:
-                # "it sets the environment: RANK, LOCAL_RANK ...": what a colon introduces completes the clause
-                out.append(Clause(s, norm, piece, bool(sep and re.fullmatch(_COMMA + "|[:：]", sep.strip())), depth > 0,
-                                  closed if depth == 0 else None))
+                # "it sets the environment: RANK, LOCAL_RANK ...": what a colon introduces completes
+                # the clause
+                out.append(
+                    Clause(
+                        s,
+                        norm,
+                        piece,
+                        bool(sep and re.fullmatch(_COMMA + "|[:：]", sep.strip())),
+                        depth > 0,
+                        closed if depth == 0 else None,
+                    )
+                )
                 closed = None
             sep = parts[i + 1] if i + 1 < len(parts) else None
             if sep:
                 before = depth
-                depth = max(0, depth + sep.count("(") + sep.count("（") - sep.count(")") - sep.count("）"))
+                depth = max(
+                    0, depth + sep.count("(") + sep.count("（") - sep.count(")") - sep.count("）")
+                )
                 if before == 0 and depth > 0:
                     # the clause the bracket interrupts (none when the sentence opens with it)
                     opened_after = len(out) - 1 if out and out[-1].sentence == s else None
@@ -176,8 +252,11 @@ def _is_verb_form(words: list, i: int) -> bool:
         if w.startswith("un") and w.endswith("ed"):
             return False  # 'unsharded': an adjective
         stem = re.sub(r"(?:s|es|ed|d|ing)$", "", w)
-        return any(stem.endswith(v) or stem.rstrip(v[-1]) == v for v in _DOMAIN_VERBS) and w not in _DOMAIN_VERBS \
+        return (
+            any(stem.endswith(v) or stem.rstrip(v[-1]) == v for v in _DOMAIN_VERBS)
+            and w not in _DOMAIN_VERBS
             and (w.endswith(("ed", "ing")) or nxt in _OBJECT_START)
+        )
     return False
 
 
@@ -191,7 +270,8 @@ def carries_verb(clause: str) -> bool:
         return True
     words = re.findall(r"[a-z][a-z']*", clause)
     if re.search(r"(?<![a-z])to\s+[a-z]+", clause) and any(
-            "VERB" in en_lemmas(m) for m in re.findall(r"(?<![a-z])to\s+([a-z]+)", clause)):
+        "VERB" in en_lemmas(m) for m in re.findall(r"(?<![a-z])to\s+([a-z]+)", clause)
+    ):
         return True
     return any(_is_verb_form(words, i) for i in range(len(words)))
 
@@ -215,39 +295,58 @@ def _spaced_terms(text: str) -> bool:
     around its English terms has longer Chinese runs ('每个 rank 只有自己的 shard')."""
     tokens = text.split()
     zh = [t for t in tokens if _CJK_CHAR.search(t)]
-    return len(tokens) >= 5 and len(zh) >= 2 and all(
-        re.fullmatch(r"[a-z0-9_\-.']+", t) or (re.fullmatch(f"[{CJK}]{{1,4}}", t) and not _zh_phrase(t))
-        for t in tokens)
+    return (
+        len(tokens) >= 5
+        and len(zh) >= 2
+        and all(
+            re.fullmatch(r"[a-z0-9_\-.']+", t)
+            or (re.fullmatch(f"[{CJK}]{{1,4}}", t) and not _zh_phrase(t))
+            for t in tokens
+        )
+    )
 
 
 def keyword_list(sentence: str) -> bool:
     """Three or more items of at most two words (or four Chinese characters) each, separated by
     commas, 、, slashes or spaced Chinese words, with no auxiliary and no item that is a verb
-    phrase: 'RANK, LOCAL_RANK, WORLD_SIZE, --max-restarts', '释放、参数、显存', '环境变量 rank 会合 重启'.
+    phrase: 'RANK, LOCAL_RANK, WORLD_SIZE, --max-restarts', '释放、参数、显存',
+    '环境变量 rank 会合 重启'.
     (A Chinese word is a jieba word; an identifier like LOCAL_RANK or a flag is one word.)"""
     text = unicodedata.normalize("NFKC", sentence).strip().lower()
     if _AUX_EN.search(normalise(text)):
         return False
     items = [i for i in _LIST_SEP.split(text) if i.strip()]
     if len(items) < 3 and (_ZH_KEYWORD_RUN.search(text) or _spaced_terms(text)):
-        items = text.split()  # '环境变量 rank 会合 重启', '环境变量 RANK LOCAL_RANK 会合 MASTER_ADDR 重启'
+        items = (
+            text.split()
+        )  # '环境变量 rank 会合 重启', '环境变量 RANK LOCAL_RANK 会合 MASTER_ADDR 重启'
 
     def keyword(item):
         ascii_words = re.findall(r"[a-z0-9][a-z0-9_\-.']*", item)
         plain = re.findall(r"[a-z][a-z']*", normalise(item))
         zh = [w for w, _, _ in zh_words(item) if _CJK_CHAR.search(w)]
-        # a noun phrase of up to four words is a term too ('one process per GPU'), a verb makes it a statement
-        short = len(ascii_words) + len(zh) <= 2 or (not zh and len(ascii_words) <= 4) or (len(ascii_words) <= 1 and len(_CJK_CHAR.findall(item)) <= 4) \
+        # a noun phrase of up to four words is a term too ('one process per GPU'), a verb makes it a
+        # statement
+        short = (
+            len(ascii_words) + len(zh) <= 2
+            or (not zh and len(ascii_words) <= 4)
+            or (len(ascii_words) <= 1 and len(_CJK_CHAR.findall(item)) <= 4)
             or (not ascii_words and len(zh) <= 3 and len(_CJK_CHAR.findall(item)) <= 6)
-        # a one-word item is a term ('restarts'); two words with a verb form are a statement ('frees params')
-        verb = len(ascii_words) > 1 and not item.strip().startswith("-") and any(
-            _is_verb_form(plain, i) for i in range(len(plain)))
+        )
+        # a one-word item is a term ('restarts'); two words with a verb form are a statement ('frees
+        # params')
+        verb = (
+            len(ascii_words) > 1
+            and not item.strip().startswith("-")
+            and any(_is_verb_form(plain, i) for i in range(len(plain)))
+        )
         return short and not verb and not _zh_phrase(item)
 
     return len(items) >= 3 and all(keyword(i) for i in items)
 
 
 # --- phrasings -----------------------------------------------------------------------------------
+
 
 def _is_ascii_word(ch: str) -> bool:
     return ch.isascii() and ch.isalnum()
@@ -306,7 +405,7 @@ def compile_phrase(phrase: str) -> re.Pattern:
                 while j < len(text) and depth:
                     depth += {"(": 1, ")": -1}.get(text[j], 0)
                     j += 1
-                parts = _split_top(text[i + 1:j - 1], "|")
+                parts = _split_top(text[i + 1 : j - 1], "|")
                 out.append("(?:" + "|".join(sequence(part) for part in parts) + ")")
                 i = j
                 continue
@@ -346,17 +445,20 @@ def phrase_error(phrase: str) -> str | None:
     if phrase != phrase.lower():
         return "phrasings are lower case"
     if not phrase.startswith("re:") and "?" in phrase:
-        return "'?' is not part of the phrasing language: write the forms out ((rank|ranks)), or (的|) for optional"
+        return (
+            "'?' is not part of the phrasing language: write the forms out ((rank|ranks)), "
+            "or (的|) for optional"
+        )
     return None
 
 
 # --- negation and subjects ------------------------------------------------------------------------
 
-# Negation reaches the statement right after it: at most 3 English words or 2 Chinese characters
-# in between ("not worth it for models so big that the unsharded gradient ..." does not deny
-# "unsharded gradient"; "梯度不分片会多占显存" does not deny 多占显存). A quantifier ("no rank",
-# 没有哪个) or a Chinese verb of omission (省去, 跳过) reaches the whole clause: what it takes is its
-# object ("省去了反向时的第二次 all-gather"). English "skip / avoid / prevent" reach 4 words, like a
+# Negation reaches the statement right after it: at most 3 English words or 2 Chinese characters in
+# between ("not worth it for models so big that the unsharded gradient ..." does not deny "unsharded
+# gradient"; "梯度不分片会多占显存" does not deny 多占显存). A quantifier ("no rank", 没有哪个) or a
+# Chinese verb of omission (省去, 跳过) reaches the whole clause: what it takes is its object
+# ("省去了反向时的第二次 all-gather"). English "skip / avoid / prevent" reach 4 words, like a
 # negation: "skips the reduce-scatter" denies the reduce-scatter, not the rest of the clause.
 _NEG_REACH_WORDS, _NEG_REACH_CJK = 3, 2
 _NEG_QUANTIFIER_EN = re.compile(r"(?<![a-z0-9])(?:no|none of|neither)(?![a-z0-9])")
@@ -379,8 +481,9 @@ def _zh_negations(clause: str) -> list:
 def negation_cues(clause: str) -> list:
     """[(start, end, reaches_whole_clause)] of the negation cues in a normalised clause."""
     cues = [(m.start(), m.end(), False) for m in _NEG_EN.finditer(clause)]
-    quantifiers = {m.start() for m in _NEG_QUANTIFIER_EN.finditer(clause)} | \
-                  {m.start() for m in _NEG_QUANTIFIER_ZH.finditer(clause)}
+    quantifiers = {m.start() for m in _NEG_QUANTIFIER_EN.finditer(clause)} | {
+        m.start() for m in _NEG_QUANTIFIER_ZH.finditer(clause)
+    }
     cues = [(s, e, s in quantifiers) for s, e, _ in cues]
     cues += [(s, e, whole or s in quantifiers) for s, e, whole in _zh_negations(clause)]
     return sorted(cues)
@@ -393,7 +496,9 @@ _CAUSATIVE = re.compile(r"\s?(?:会|能|)\s?(?:让|使|令|叫)|\s?(?:let|make|a
 
 def _reaches(clause: str, cue_end: int, start: int) -> bool:
     between = clause[cue_end:start]
-    if _CAUSATIVE.match(between):  # "不会让每个 rank 保留 ...", "does not let each rank keep ...": all of it
+    if _CAUSATIVE.match(
+        between
+    ):  # "不会让每个 rank 保留 ...", "does not let each rank keep ...": all of it
         return True
     words = len(re.findall(r"[a-z0-9']+", between))
     return words <= _NEG_REACH_WORDS and len(_CJK_CHAR.findall(between)) <= _NEG_REACH_CJK
@@ -414,11 +519,18 @@ def subject_mentions(clause: str, subjects: dict) -> list:
     for name, phrasings in subjects.items():
         for p in phrasings:
             for m in compile_phrase(p).finditer(clause):
-                before = clause[:m.start()]
-                # a mention in a relative clause ("LOCAL_RANK is what you pass to set_device") is not
-                # the subject of the statement: it is read like a thing compared with
-                found.append(Mention(name, m.start(), m.end(), bool(_COMPARAND.search(before) or _RELATIVE.search(before)),
-                                     bool(_AGENT.search(before))))
+                before = clause[: m.start()]
+                # a mention in a relative clause ("LOCAL_RANK is what you pass to set_device") is
+                # not the subject of the statement: it is read like a thing compared with
+                found.append(
+                    Mention(
+                        name,
+                        m.start(),
+                        m.end(),
+                        bool(_COMPARAND.search(before) or _RELATIVE.search(before)),
+                        bool(_AGENT.search(before)),
+                    )
+                )
     found.sort(key=lambda m: (m.start, -(m.end - m.start)))
     kept, last_end = [], -1
     for m in found:
@@ -430,7 +542,8 @@ def subject_mentions(clause: str, subjects: dict) -> list:
 
 def resolve_subject(mentions: list, start: int, end: int, inherited):
     """(subject name or None, offset after which a negation counts, named in this clause?).
-    The agent of a passive ('freed by FULL_SHARD', '被前者释放') is the subject wherever it stands."""
+    The agent of a passive ('freed by FULL_SHARD', '被前者释放') is the subject wherever it
+    stands."""
     agents = [m for m in mentions if m.agent and not m.comparand]
     if agents:
         return agents[0].name, min(agents[0].end, start), True
@@ -448,18 +561,23 @@ def resolve_subject(mentions: list, start: int, end: int, inherited):
 
 # --- reading an answer ----------------------------------------------------------------------------
 
+
 @dataclass
 class Reading:
-    supported: dict = field(default_factory=dict)        # claim id -> the learner's clause that states it
-    misconceptions: list = field(default_factory=list)   # [(id, {en, zh} what is true instead, learner's clause)]
-    unread: list = field(default_factory=list)           # learner's sentences about the topic that nothing read
-    neutral: list = field(default_factory=list)          # ids of known neutral remarks made
+    supported: dict = field(default_factory=dict)  # claim id -> the learner's clause that states it
+    misconceptions: list = field(
+        default_factory=list
+    )  # [(id, {en, zh} what is true instead, learner's clause)]
+    unread: list = field(
+        default_factory=list
+    )  # learner's sentences about the topic that nothing read
+    neutral: list = field(default_factory=list)  # ids of known neutral remarks made
     clauses: int = 0
     verb_clauses: int = 0
     stated_sentences: int = 0
-    topical: int = 0                                     # clauses that talk about the question's topic
+    topical: int = 0  # clauses that talk about the question's topic
     words: int = 0
-    trace: list = field(default_factory=list)            # one line per match, for authors
+    trace: list = field(default_factory=list)  # one line per match, for authors
 
 
 def _phrasings(says: dict) -> list:
@@ -471,14 +589,18 @@ def _phrasings(says: dict) -> list:
 _AND = re.compile(r"\sand\s|并且|并")
 # Denials that follow the verb: Chinese potential complements (加载不了 cannot load, 放不下) and
 # English 'X is disabled'.
-_NEG_AFTER = re.compile(r"\s?(?:不了|不下|不动|不到|不起|不出|不成|不上|不进|不回)"
-                        r"|\s(?:is|are|gets|get|becomes|become|was|were) (?:disabled|turned off|impossible|lost|"
-                        r"broken|gone|blocked|not possible)(?![a-z0-9])")
+_NEG_AFTER = re.compile(
+    r"\s?(?:不了|不下|不动|不到|不起|不出|不成|不上|不进|不回)"
+    r"|\s(?:is|are|gets|get|becomes|become|was|were) (?:disabled|turned off|impossible|lost|"
+    r"broken|gone|blocked|not possible)(?![a-z0-9])"
+)
 
 
 def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
     """True when the statement is affirmed, False when denied (odd number of cues)."""
-    literal = [match.span(g) for g in match.re.groupindex if g.startswith("lit") and match.span(g)[0] >= 0]
+    literal = [
+        match.span(g) for g in match.re.groupindex if g.startswith("lit") and match.span(g)[0] >= 0
+    ]
     cues = []
     for c, c_end, whole in negation_cues(clause):
         if not anchor <= c < match.end() or any(a <= c < b for a, b in literal):
@@ -488,9 +610,12 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
         if _AND.search(clause, c, target) or not (whole or _reaches(clause, c_end, target)):
             continue
         if _COMPARATOR.fullmatch(clause, c, c_end) and any(a < c for a, _ in literal):
-            continue  # "costs 4P instead of 4P/N of memory": 'instead of' inside the phrasing takes its own object
+            # "costs 4P instead of 4P/N of memory": 'instead of' inside the phrasing takes its own
+            # object
+            continue
         if _CONDITION_NEXT.match(clause, c_end):
-            continue  # "not when the gradient doesn't fit": it denies the verdict, not the condition
+            # "not when the gradient doesn't fit": it denies the verdict, not the condition
+            continue
         cues.append(c)
     after = _NEG_AFTER.match(clause, match.end())
     return (len(cues) + bool(after)) % 2 == 0
@@ -501,11 +626,17 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
 _PURPOSE = re.compile(r"(?:^|(?<![a-z0-9]))(?:to|in order to)\s$|^(?:to|in order to|为了)\s")
 
 
-_CONDITION_BEFORE = re.compile(r"(?:要用|要在|想|为了|如果|若|要是|以后要|(?<![a-z0-9])(?:if|when) you (?:want|need) to)\s?\S{0,2}$")
-# a modal inside the phrasing makes it a requirement, not a state: "then one rank must hold the entire
-# model" (what a full state dict needs) does not say that a rank holds it
+_CONDITION_BEFORE = re.compile(
+    r"(?:要用|要在|想|为了|如果|若|要是|以后要|(?<![a-z0-9])(?:if|when) you (?:want|"
+    r"need) to)\s?\S{0,2}$"
+)
+# a modal inside the phrasing makes it a requirement, not a state: "then one rank must hold the
+# entire model" (what a full state dict needs) does not say that a rank holds it
 _MODAL = re.compile(r"(?<![a-z])(?:must|would|has to|have to|will have to)(?![a-z])|必须")
-_CONDITION_AFTER = re.compile(r"\s?(?:还|就|也|)\s?(?:需要|要|得|必须|离不开)|\s(?:needs?|requires?|you need|you must|must|only works with)(?![a-z0-9])")
+_CONDITION_AFTER = re.compile(
+    r"\s?(?:还|就|也|)\s?(?:需要|要|得|必须|离不开)|\s(?:needs?|requires?|you need|you must|must|"
+    r"only works with)(?![a-z0-9])"
+)
 
 
 def _find(clause: str, phrasings: list):
@@ -527,14 +658,50 @@ def _topic_phrasings(secret: dict) -> list:
     return out
 
 
-# the course's own vocabulary: a statement that uses it is about distributed training, whatever
-# the question's `topic` lists ("另外每个 rank 只需要存 1/N 的激活" under a question about wrapping),
-# so leaving it unread leaves something unchecked; "I learned this yesterday" uses none of it
-COURSE_TERMS = ["rank*", "gpu*", "shard*", "all gather*", "reduce scatter*", "all reduce*", "broadcast*",
-                "memory", "activation*", "gradient*", "grad*", "param*", "weight*", "optimi*", "node*", "batch*",
-                "forward", "backward", "fsdp", "ddp", "communicat*", "collective*", "checkpoint*", "nvlink",
-                "显存", "内存", "激活", "梯度", "参数", "权重", "优化器", "分片", "节点", "前向", "反向", "通信",
-                "广播", "同步", "检查点"]
+# the course's own vocabulary: a statement that uses it is about distributed training, whatever the
+# question's `topic` lists ("另外每个 rank 只需要存 1/N 的激活" under a question about wrapping), so
+# leaving it unread leaves something unchecked; "I learned this yesterday" uses none of it
+COURSE_TERMS = [
+    "rank*",
+    "gpu*",
+    "shard*",
+    "all gather*",
+    "reduce scatter*",
+    "all reduce*",
+    "broadcast*",
+    "memory",
+    "activation*",
+    "gradient*",
+    "grad*",
+    "param*",
+    "weight*",
+    "optimi*",
+    "node*",
+    "batch*",
+    "forward",
+    "backward",
+    "fsdp",
+    "ddp",
+    "communicat*",
+    "collective*",
+    "checkpoint*",
+    "nvlink",
+    "显存",
+    "内存",
+    "激活",
+    "梯度",
+    "参数",
+    "权重",
+    "优化器",
+    "分片",
+    "节点",
+    "前向",
+    "反向",
+    "通信",
+    "广播",
+    "同步",
+    "检查点",
+]
 
 
 def is_topical(clause: str, secret: dict) -> bool:
@@ -543,20 +710,36 @@ def is_topical(clause: str, secret: dict) -> bool:
     return any(compile_phrase(p).search(clause) for p in _topic_phrasings(secret) + COURSE_TERMS)
 
 
-def _read_clause(norm: str, secret: dict, subjects: dict, owners: set, inherited, trace: list) -> tuple:
+def _read_clause(
+    norm: str, secret: dict, subjects: dict, owners: set, inherited, trace: list
+) -> tuple:
     """([(kind, key, message)], accounted?) for one clause. kind: 'supports' (key = claim id),
     'wrong' (key = (id, form index, which); message = what is true instead), 'neutral'."""
     events, accounted = [], False
     mentions = subject_mentions(norm, subjects)
     for claim in secret["claims"]:
-        found = [(f_index, form, m) for f_index, form in enumerate(claim["forms"])
-                 for m in [_find(norm, _phrasings(form["says"]))] if m]
+        found = [
+            (f_index, form, m)
+            for f_index, form in enumerate(claim["forms"])
+            for m in [_find(norm, _phrasings(form["says"]))]
+            if m
+        ]
         for f_index, form, m in found:
-            if any(o is not m and o.start() < m.end() and m.start() < o.end()
-                   and (o.start(), -o.end()) < (m.start(), -m.end()) for _, _, o in found):
-                continue  # another form of this claim reads these words first (or reads more of them)
-            if form.get("negated") and (_PURPOSE.search(norm[:m.start()]) or _CONDITION_BEFORE.search(norm[:m.start()])
-                                        or _CONDITION_AFTER.match(norm, m.end()) or _MODAL.search(m.group(0))):
+            if any(
+                o is not m
+                and o.start() < m.end()
+                and m.start() < o.end()
+                and (o.start(), -o.end()) < (m.start(), -m.end())
+                for _, _, o in found
+            ):
+                # another form of this claim reads these words first (or reads more of them)
+                continue
+            if form.get("negated") and (
+                _PURPOSE.search(norm[: m.start()])
+                or _CONDITION_BEFORE.search(norm[: m.start()])
+                or _CONDITION_AFTER.match(norm, m.end())
+                or _MODAL.search(m.group(0))
+            ):
                 accounted = True
                 # "to load on another world size, you need ...", "换 world size 加载还需要元数据":
                 # a purpose or a condition, not a statement that it works
@@ -566,20 +749,37 @@ def _read_clause(norm: str, secret: dict, subjects: dict, owners: set, inherited
             if want and (subject is None or subject not in (want, rival)):
                 continue  # a statement about something else (or about nobody named)
             if not want and named and subject in owners and subject != rival:
-                continue  # a form about the topic at large does not read a clause about a subject with claims of its own
+                # a form about the topic at large does not read a clause about a subject with
+                # claims of its own
+                continue
             affirmed = _polarity(norm, m, anchor)
             swapped = subject is not None and subject == rival
             # each of denial, a form true only when denied, and the rival subject flips it
             true = affirmed ^ bool(form.get("negated")) ^ swapped
-            if true and swapped and form.get("own_subject") and not any(
-                    mm.comparand and mm.name == want for mm in mentions):  # "unlike DDP, FSDP does not ..." names both
+            if (
+                true
+                and swapped
+                and form.get("own_subject")
+                and not any(mm.comparand and mm.name == want for mm in mentions)
+            ):  # "unlike DDP, FSDP does not ..." names both
                 # "FSDP does not broadcast" is true, but says nothing of what DDP does
-                trace.append(f"[{norm}] {claim['id']}#{f_index + 1} {m.group(0)!r} denied of the rival: read, not credited")
+                trace.append(
+                    f"[{norm}] {claim['id']}#{f_index + 1} {m.group(0)!r} denied of the rival: "
+                    "read, not credited"
+                )
                 accounted = True
                 continue
-            trace.append(f"[{norm}] {claim['id']}#{f_index + 1} {m.group(0)!r} "
-                         f"subject={subject} {'affirmed' if affirmed else 'denied'} -> "
-                         f"{'supports' if true else 'ignored (one way)' if form.get('one_way') else 'MISCONCEPTION'}")
+            outcome = (
+                "supports"
+                if true
+                else "ignored (one way)"
+                if form.get("one_way")
+                else "MISCONCEPTION"
+            )
+            trace.append(
+                f"[{norm}] {claim['id']}#{f_index + 1} {m.group(0)!r} "
+                f"subject={subject} {'affirmed' if affirmed else 'denied'} -> {outcome}"
+            )
             accounted = True
             if not true and form.get("one_way"):
                 continue  # a condition, not a claim: denying it says nothing false
@@ -597,8 +797,10 @@ def _read_clause(norm: str, secret: dict, subjects: dict, owners: set, inherited
         if mis.get("subject") and subject != mis["subject"]:
             continue
         affirmed = _polarity(norm, m, anchor)
-        trace.append(f"[{norm}] misconception {mis['id']} {m.group(0)!r} subject={subject} "
-                     f"{'affirmed' if affirmed else 'denied'}")
+        trace.append(
+            f"[{norm}] misconception {mis['id']} {m.group(0)!r} subject={subject} "
+            f"{'affirmed' if affirmed else 'denied'}"
+        )
         accounted = True
         if affirmed:
             events.append(("wrong", (mis["id"], -1, "wrong"), mis["wrong"]))
@@ -611,28 +813,43 @@ def _read_clause(norm: str, secret: dict, subjects: dict, owners: set, inherited
     return events, accounted
 
 
-_REMEDY = re.compile(r"(?:the |to |)(?:fix|fixes|solution|solutions|remedy|workaround|you can fix|to avoid)(?![a-z])|修法|解决|修复|办法|改法|正确做法")
-_COUNTERFACTUAL = re.compile(r"(?:if (?:you |we |one |)(?:do not|don't|dont|didn't|never|skip)|if not|without|with no|otherwise|"
-                            r"else|if there is no|when there is no)(?![a-z])|如果不|若不|要是不|不按|不设|不用|没有设|否则|不然")
-_BOTH = re.compile(r"(?<![a-z0-9])(?:both|neither|either of them|the two)(?![a-z0-9])|两者|二者|两种|两个策略|它们都")
+_REMEDY = re.compile(
+    r"(?:the |to |)(?:fix|fixes|solution|solutions|remedy|workaround|you can fix|"
+    r"to avoid)(?![a-z])|修法|解决|修复|办法|改法|正确做法"
+)
+_COUNTERFACTUAL = re.compile(
+    r"(?:if (?:you |we |one |)(?:do not|don't|dont|didn't|never|skip)|if not|without|with no|"
+    r"otherwise|else|if there is no|when there is no)(?![a-z])|如果不|若不|要是不|不按|不设|不用|"
+    r"没有设|否则|不然"
+)
+_BOTH = re.compile(
+    r"(?<![a-z0-9])(?:both|neither|either of them|the two)(?![a-z0-9])|两者|二者|两种|两个策略|"
+    r"它们都"
+)
 
 
 # a sentence that announces what the answer is about, not a fact: "the difference is ...",
 # "what differs is ...", "it's a memory-versus-communication choice", "区别在于 ...", "本质上是 ..."
-_FRAME = re.compile(r"^(?:the (?:main |key |real |whole |)(?:difference|point|question|idea|crux) (?:is|lies)|"
-                    r"(?:the two|they|both) (?:only |)differ (?:only |)(?:in|by)|(?:差别|区别|不同之处)(?:只|)在|"
-                    r"what (?:differs|matters|changes) is|it'?\s?s (?:all |)(?:about|a [a-z ]{0,30}(?:choice|trade ?off|trade|deal|exchange))|"
-                    r"it is (?:all |)(?:about|a [a-z ]{0,30}(?:choice|trade ?off|trade|deal|exchange))|think of|"
-                    r"(?:区别|差别|不同|关键|核心|重点)(?:就|)(?:在于|是)|(?:本质上|其实|说白了|简单说)(?:就|)是)")
-_ELLIPSIS = re.compile(r"^(?:(?:but |while |whereas |and |)(.+?) (?:does not|doesn'?\s?t|do not|don'?\s?t|does nothing of the sort|never does)"
-                       r"|(.+?)\s?(?:则|就|)(?:不会|不|没有|并不|不是这样))$")
+_FRAME = re.compile(
+    r"^(?:the (?:main |key |real |whole |)(?:difference|point|question|idea|crux) (?:is|lies)|"
+    r"(?:the two|they|both) (?:only |)differ (?:only |)(?:in|by)|(?:差别|区别|不同之处)(?:只|)在|"
+    r"what (?:differs|matters|changes) is|it'?\s?s (?:all |)(?:about|a [a-z ]{0,30}(?:choice|"
+    r"trade ?off|trade|deal|exchange))|it is (?:all |)(?:about|a [a-z ]{0,30}(?:choice|trade ?off|"
+    r"trade|deal|exchange))|think of|(?:区别|差别|不同|关键|核心|重点)(?:就|)(?:在于|是)|(?:本质上|"
+    r"其实|说白了|简单说)(?:就|)是)"
+)
+_ELLIPSIS = re.compile(
+    r"^(?:(?:but |while |whereas |and |)(.+?) (?:does not|doesn'?\s?t|do not|don'?\s?t|"
+    r"does nothing of the sort|never does)|(.+?)\s?(?:则|就|)(?:不会|不|没有|并不|不是这样))$"
+)
 
 
 def _framing(sentence: str, subjects: dict) -> bool:
     norm = normalise(sentence)
     rest = _FRAME.match(norm)
-    return bool(rest) and not subject_mentions(norm, subjects) \
-        and word_count(norm[rest.end():]) <= 20
+    return (
+        bool(rest) and not subject_mentions(norm, subjects) and word_count(norm[rest.end() :]) <= 20
+    )
 
 
 def _ellipsis(clause: str, subjects: dict) -> bool:
@@ -644,7 +861,10 @@ def _ellipsis(clause: str, subjects: dict) -> bool:
     return bool(named) and named[0].start <= 8 and word_count(head) <= 4
 
 
-_CF_CLAUSE = re.compile(r"^(?:without (?:it|this|that|them|syncing|sync|synchroni[sz]ing)|otherwise|if not|else|不然|否则|要不然)\s?")
+_CF_CLAUSE = re.compile(
+    r"^(?:without (?:it|this|that|them|syncing|sync|synchroni[sz]ing)|otherwise|if not|else|不然|"
+    r"否则|要不然)\s?"
+)
 
 
 def read_answer(text: str, secret: dict) -> Reading:
@@ -676,9 +896,11 @@ def read_answer(text: str, secret: dict) -> Reading:
     # not what the subjects named before it do
     remedies = {s for s, sent in enumerate(sentence_text) if _REMEDY.match(normalise(sent))}
     # a sentence about the alternative ("If you don't wrap per block, nothing is freed until ...",
-    # "不按 block 包，算完之前一个参数都不会被释放") denies what the alternative does not do: what it
-    # states is credited, what it denies is no misconception
-    otherwise = {s for s, sent in enumerate(sentence_text) if _COUNTERFACTUAL.match(normalise(sent))}
+    # "不按 block 包，算完之前一个参数都不会被释放") denies what the alternative does not do: what
+    # it states is credited, what it denies is no misconception
+    otherwise = {
+        s for s, sent in enumerate(sentence_text) if _COUNTERFACTUAL.match(normalise(sent))
+    }
     for i, c in enumerate(all_clauses):
         reading.clauses += 1
         verb = c.sentence in stated
@@ -689,44 +911,60 @@ def read_answer(text: str, secret: dict) -> Reading:
             named = [m for m in subject_mentions(c.norm, subjects) if not m.comparand]
             inherited = named[-1].name if named else inherited
             continue
-        # a side remark in brackets, or a clause about both ("两者都...", "both keep ...", "neither"),
-        # takes no subject from before it
-        clause_inherited = None if c.aside or c.sentence in remedies or _BOTH.search(c.norm) else inherited
+        # a side remark in brackets, or a clause about both ("两者都...", "both keep ...",
+        # "neither"), takes no subject from before it
+        clause_inherited = (
+            None if c.aside or c.sentence in remedies or _BOTH.search(c.norm) else inherited
+        )
         # "..., without it every rank normalises with its own statistics": the clause is about the
-        # alternative; its 'without' denies nothing of what follows (like a sentence about the alternative)
+        # alternative; its 'without' denies nothing of what follows (like a sentence about the
+        # alternative)
         cf = _CF_CLAUSE.match(c.norm)
-        norm = c.norm[cf.end():] if cf else c.norm
-        events, accounted = _read_clause(norm, secret, subjects, owners, clause_inherited, reading.trace)
-        if not accounted and (_framing(sentence_text[c.sentence], subjects) or _ellipsis(c.norm, subjects)):
-            # "The difference is what happens after forward", "本质上是拿显存换通信": a frame for the
-            # statements around it; "..., SHARD_GRAD_OP does not": the statement before it, denied of
-            # the other subject. Read (it leaves nothing unchecked), credited with nothing.
+        norm = c.norm[cf.end() :] if cf else c.norm
+        events, accounted = _read_clause(
+            norm, secret, subjects, owners, clause_inherited, reading.trace
+        )
+        if not accounted and (
+            _framing(sentence_text[c.sentence], subjects) or _ellipsis(c.norm, subjects)
+        ):
+            # "The difference is what happens after forward", "本质上是拿显存换通信": a frame for
+            # the statements around it; "..., SHARD_GRAD_OP does not": the statement before it,
+            # denied of the other subject. Read (it leaves nothing unchecked), credited with
+            # nothing.
             reading.trace.append(f"[{c.norm}] a frame or an elliptic denial: read, credits nothing")
             accounted = True
         prev = all_clauses[i - 1] if i else None
         if not accounted and prev is not None and prev.sentence == c.sentence and c.after_comma:
-            # a statement split by a comma ("FULL_SHARD 在前向之后，会释放参数"): read the two together
+            # a statement split by a comma ("FULL_SHARD 在前向之后，会释放参数"): read the two
+            # together
             joined = f"{prev.norm} {c.norm}"
-            events, _ = _read_clause(joined, secret, subjects, owners, prev_inherited, reading.trace)
-            # what the two clauses state together is credited; a misconception is never built
-            # out of two clauses (a '...' gap across the comma reads words that do not belong together)
+            events, _ = _read_clause(
+                joined, secret, subjects, owners, prev_inherited, reading.trace
+            )
+            # what the two clauses state together is credited; a misconception is never built out of
+            # two clauses (a '...' gap across the comma reads words that do not belong together)
             events = [e for e in events if e[0] != "wrong"]
             # only what needs both halves reads this clause: a phrasing the clause before states on
-            # its own ("..., and MASTER_ADDR for the rendezvous, and it also copies the model") is no
-            # evidence for what this clause says
+            # its own ("..., and MASTER_ADDR for the rendezvous, and it also copies the model") is
+            # no evidence for what this clause says
             alone, _ = _read_clause(prev.norm, secret, subjects, owners, prev_inherited, [])
             events = [e for e in events if e not in alone]
             accounted = bool(events)
             apply(events, f"{prev.text}, {c.text}")
         elif not accounted and c.resumes is not None:
-            # the statement a bracket interrupted ("most of the traffic (all-gathers, reduce-scatters)
-            # stays inside the node"): read its two halves together, misconceptions aside as above
+            # the statement a bracket interrupted ("most of the traffic (all-gathers,
+            # reduce-scatters) stays inside the node"): read its two halves together, misconceptions
+            # aside as above
             before = all_clauses[c.resumes]
-            events, _ = _read_clause(f"{before.norm} {c.norm}", secret, subjects, owners, clause_inherited, reading.trace)
+            events, _ = _read_clause(
+                f"{before.norm} {c.norm}", secret, subjects, owners, clause_inherited, reading.trace
+            )
             events = [e for e in events if e[0] != "wrong"]
             accounted = bool(events)
             apply(events, f"{before.text} … {c.text}")
-        elif c.sentence in otherwise or cf:  # a misconception entry is false whatever the sentence is about
+        elif (
+            c.sentence in otherwise or cf
+        ):  # a misconception entry is false whatever the sentence is about
             apply([e for e in events if e[0] != "wrong" or e[1][1] == -1], c.text)
         else:
             apply(events, c.text)
@@ -747,5 +985,7 @@ def read_answer(text: str, secret: dict) -> Reading:
     # clause could be read is unread
     reading.unread = [sentence_text[s] for s in unread if s not in read_sentences]
     for s in reading.unread:
-        reading.trace.append(f"[{s}] UNREAD: about the topic, and no clause of it matches what the question knows")
+        reading.trace.append(
+            f"[{s}] UNREAD: about the topic, and no clause of it matches what the question knows"
+        )
     return reading

@@ -1,4 +1,5 @@
 """Terminal front end: python -m quizzes {list,take,grade,progress,seal,unseal}."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,8 +9,16 @@ import sys
 from pathlib import Path
 
 from . import claims, corpus, present, progress
-from .bank import (BANK_DIR, LANGS, QuizError, dump_bank, from_authoring, known_lessons, load_bank,
-                   to_authoring)
+from .bank import (
+    BANK_DIR,
+    LANGS,
+    QuizError,
+    dump_bank,
+    from_authoring,
+    known_lessons,
+    load_bank,
+    to_authoring,
+)
 from .grading import grade_question
 from .i18n import msg, say
 
@@ -24,7 +33,7 @@ examples:
   python -m quizzes seal /tmp/l1.json             # writes quizzes/banks/lesson1.json
   python -m quizzes explain lesson1 q_full_vs_shard_grad_op "FULL_SHARD frees ..."
   python -m quizzes corpus tests/data/quiz_corpus/lesson1.json
-  python -m quizzes report                        # open-answer grader: tuning corpus and held-out set
+  python -m quizzes report                        open-answer grader: tuning corpus, held-out set
 
 answers file for `grade` (JSON):
   {"lesson": "lesson1", "lang": "en",
@@ -45,8 +54,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m quizzes", description="Quizzes of the fsdp-course, in the terminal.",
-                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(
+        prog="python -m quizzes",
+        description="Quizzes of the fsdp-course, in the terminal.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("list", help="lessons with question counts and your progress")
     t = sub.add_parser("take", help="take a lesson's quiz interactively")
@@ -55,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--only", metavar="QID", help="ask only this question")
     g = sub.add_parser("grade", help="grade a JSON file of answers (non-interactive)")
     g.add_argument("answers_file", metavar="ANSWERS_FILE")
-    g.add_argument("--lang", choices=LANGS, help="feedback language (default: the file's 'lang', else en)")
+    g.add_argument(
+        "--lang", choices=LANGS, help="feedback language (default: the file's 'lang', else en)"
+    )
     g.add_argument("--json", action="store_true", help="print the results as JSON")
     g.add_argument("--record", action="store_true", help="also record the results in your progress")
     sub.add_parser("progress", help="table of your scores per lesson")
@@ -69,16 +84,27 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("qid")
     e.add_argument("answer")
     e.add_argument("--lang", choices=LANGS, default="en")
-    c = sub.add_parser("corpus", help="authoring: grade labelled corpora, list every answer graded against its label")
+    c = sub.add_parser(
+        "corpus",
+        help="authoring: grade labelled corpora, list every answer graded against its label",
+    )
     c.add_argument("files", nargs="+", metavar="CORPUS_FILE")
-    r = sub.add_parser("report", help="the open-answer grader's confusion matrices and targets on labelled answer sets")
-    r.add_argument("sets", nargs="*", metavar="CORPUS_DIR",
-                   help="folders (or files) of labelled answers, each reported on its own "
-                        "(default: tests/data/quiz_corpus and tests/data/quiz_heldout)")
+    r = sub.add_parser(
+        "report",
+        help="the open-answer grader's confusion matrices and targets on labelled answer sets",
+    )
+    r.add_argument(
+        "sets",
+        nargs="*",
+        metavar="CORPUS_DIR",
+        help="folders (or files) of labelled answers, each reported on its own "
+        "(default: tests/data/quiz_corpus and tests/data/quiz_heldout)",
+    )
     return p
 
 
 # --- list / progress -----------------------------------------------------------------------
+
 
 def cmd_list(args) -> int:
     print(f"{'lesson':<10}{'questions':>10}{'code':>6}{'correct':>9}  title")
@@ -86,8 +112,10 @@ def cmd_list(args) -> int:
         bank = load_bank(name)
         graded = [q.id for q in bank.graded()]
         done = progress.lesson_summary(bank.lesson, graded)
-        print(f"{bank.lesson:<10}{len(graded):>10}{len(bank) - len(graded):>6}"
-              f"{done['correct']:>5} / {len(graded):<2} {bank.title['en']}")
+        print(
+            f"{bank.lesson:<10}{len(graded):>10}{len(bank) - len(graded):>6}"
+            f"{done['correct']:>5} / {len(graded):<2} {bank.title['en']}"
+        )
     return 0
 
 
@@ -96,16 +124,22 @@ def cmd_progress(args) -> int:
     (an open answer the grader was unsure of, compared with the key ideas), the grader's score,
     and the code exercises passed."""
     print(f"progress file: {progress.progress_path()}")
-    print(f"{'lesson':<10}{'answered':>10}{'correct':>9}{'self-assessed':>15}{'score':>12}{'exercises':>11}")
+    print(
+        f"{'lesson':<10}{'answered':>10}{'correct':>9}{'self-assessed':>15}{'score':>12}{'exercises':>11}"
+    )
     for name in known_lessons():
         bank = load_bank(name)
         quiz = progress.lesson_summary(bank.lesson, [q.id for q in bank.graded()])
         code = progress.lesson_summary(bank.lesson, [q.id for q in bank if q.type == "code"])
-        print(f"{bank.lesson:<10}{quiz['answered']:>6} / {quiz['total']:<2}{quiz['correct']:>6}"
-              f"{quiz['self_assessed']:>12}   {quiz['score']:>9.2f} / {quiz['total']:<2}"
-              f"{code['correct']:>7} / {code['total']}")
-    print("correct: graded correct by the quiz; self-assessed: answers the grader could not read "
-          "whole, marked right by you against the key ideas")
+        print(
+            f"{bank.lesson:<10}{quiz['answered']:>6} / {quiz['total']:<2}{quiz['correct']:>6}"
+            f"{quiz['self_assessed']:>12}   {quiz['score']:>9.2f} / {quiz['total']:<2}"
+            f"{code['correct']:>7} / {code['total']}"
+        )
+    print(
+        "correct: graded correct by the quiz; self-assessed: answers the grader could not read "
+        "whole, marked right by you against the key ideas"
+    )
     return 0
 
 
@@ -140,9 +174,14 @@ def cmd_take(args) -> int:
     try:
         for q in questions:
             if q.type == "code":
-                print(f"\n{msg('exercise_tag', lang)} {q.prompt[lang]}\n  -> {msg('exercise_here', lang)}")
+                print(
+                    f"\n{msg('exercise_tag', lang)} {q.prompt[lang]}\n  -> "
+                    f"{msg('exercise_here', lang)}"
+                )
                 continue
-            print(f"\n[{graded.index(q) + 1}/{len(graded)}] {q.prompt[lang]}")  # counts what the header counts
+            print(
+                f"\n[{graded.index(q) + 1}/{len(graded)}] {q.prompt[lang]}"
+            )  # counts what the header counts
             for o in q.options:
                 print(f"  {o.id}) {o.text[lang]}")
             result = _ask(q, lang)
@@ -159,7 +198,9 @@ def cmd_take(args) -> int:
                 mark = _self_check(result, lang)
                 if mark is not None:
                     selfs += mark == "correct"
-                    print(present.badge_text("self_" + mark, lang) + "  " + msg("self_recorded", lang))
+                    print(
+                        present.badge_text("self_" + mark, lang) + "  " + msg("self_recorded", lang)
+                    )
                     keep(progress.Mark(q.id, mark, graded_by="self"))
     except EOFError:
         print("\n" + msg("stopped", lang))
@@ -264,8 +305,10 @@ def read_answers(path: str) -> dict:
         if p.is_dir():
             raise QuizError(f"answers file {path} is a folder")
         if size > MAX_ANSWERS_BYTES:
-            raise QuizError(f"answers file {path} is {size / 1e6:.1f} MB; an answers file is at most "
-                            f"{MAX_ANSWERS_BYTES // 1_000_000} MB")
+            raise QuizError(
+                f"answers file {path} is {size / 1e6:.1f} MB; an answers file is at most "
+                f"{MAX_ANSWERS_BYTES // 1_000_000} MB"
+            )
         raw = p.read_bytes()
     except FileNotFoundError:
         raise QuizError(f"answers file {path} not found") from None
@@ -284,12 +327,19 @@ def read_answers(path: str) -> dict:
     except ValueError as exc:
         raise QuizError(f"answers file {path} is not valid JSON: {exc}") from None
     if not _depth(data, MAX_NESTING):
-        raise QuizError(f"answers file {path} is nested more than {MAX_NESTING} levels deep; answers are "
-                        "an option id, a list of ids, a number or text")
-    if not isinstance(data, dict) or not isinstance(data.get("lesson"), str) \
-            or not isinstance(data.get("answers"), dict):
-        raise QuizError(f"answers file {path} must be an object with 'lesson' (string) and "
-                        "'answers' (object of question id -> answer)")
+        raise QuizError(
+            f"answers file {path} is nested more than {MAX_NESTING} levels deep; answers are "
+            "an option id, a list of ids, a number or text"
+        )
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("lesson"), str)
+        or not isinstance(data.get("answers"), dict)
+    ):
+        raise QuizError(
+            f"answers file {path} must be an object with 'lesson' (string) and "
+            "'answers' (object of question id -> answer)"
+        )
     return data
 
 
@@ -309,18 +359,38 @@ def cmd_grade(args) -> int:
             results[q.id] = grade_question(q, data["answers"][q.id], lang)
     for qid in data["answers"]:
         if qid not in results:  # the only graded-question ids left out are code exercises
-            raise QuizError(f"{qid} is a code exercise: it is graded in the notebook, not by answers")
+            raise QuizError(
+                f"{qid} is a code exercise: it is graded in the notebook, not by answers"
+            )
     total = len(bank.graded())
     right = sum(r.correct for r in results.values())
     score = sum(r.score for r in results.values())
     if args.json:
-        rows = [{"id": q.id, "answered": q.id in results,
-                 "correct": results[q.id].correct if q.id in results else False,
-                 "verdict": results[q.id].verdict if q.id in results else None,
-                 "score": results[q.id].score if q.id in results else 0.0,
-                 "feedback": results[q.id].feedback if q.id in results else ""} for q in bank.graded()]
-        print(json.dumps({"lesson": bank.lesson, "lang": lang, "correct": right, "total": total,
-                          "score": round(score, 4), "results": rows}, ensure_ascii=False, indent=1))
+        rows = [
+            {
+                "id": q.id,
+                "answered": q.id in results,
+                "correct": results[q.id].correct if q.id in results else False,
+                "verdict": results[q.id].verdict if q.id in results else None,
+                "score": results[q.id].score if q.id in results else 0.0,
+                "feedback": results[q.id].feedback if q.id in results else "",
+            }
+            for q in bank.graded()
+        ]
+        print(
+            json.dumps(
+                {
+                    "lesson": bank.lesson,
+                    "lang": lang,
+                    "correct": right,
+                    "total": total,
+                    "score": round(score, 4),
+                    "results": rows,
+                },
+                ensure_ascii=False,
+                indent=1,
+            )
+        )
     else:
         for q in bank.graded():
             r = results.get(q.id)
@@ -332,7 +402,9 @@ def cmd_grade(args) -> int:
         print(msg("total", lang, right=right, total=total, score=score))
     sys.stdout.flush()  # the results are out before anything can go wrong with recording them
     if args.record:
-        saved = progress.record(bank.lesson, *(progress.Mark.of(qid, r) for qid, r in results.items()))
+        saved = progress.record(
+            bank.lesson, *(progress.Mark.of(qid, r) for qid, r in results.items())
+        )
         if not saved.ok:
             _say_err(saved.line(lang))
             return 1
@@ -340,6 +412,7 @@ def cmd_grade(args) -> int:
 
 
 # --- authoring -------------------------------------------------------------------------------
+
 
 def cmd_seal(args) -> int:
     try:
@@ -379,11 +452,15 @@ def cmd_corpus(args) -> int:
         if verdict == label or (label == "correct" and verdict == "unsure"):
             continue
         ok = False
-        print(f"{g.lesson} {g.qid}: labelled {label} ({g.item['kind']}, {g.item['lang']}), graded {verdict}: "
-              f"{g.item['answer']}")
+        print(
+            f"{g.lesson} {g.qid}: labelled {label} ({g.item['kind']}, {g.item['lang']}), graded "
+            f"{verdict}: {g.item['answer']}"
+        )
         d = g.result.details
-        print(f"    found {d['found']}, missing {d['missing']}, false {[f['quote'] for f in d['false']]}, "
-              f"unread {d['unread']}")
+        print(
+            f"    found {d['found']}, missing {d['missing']}, false "
+            f"{[f['quote'] for f in d['false']]}, unread {d['unread']}"
+        )
     print("every label holds" if ok else "some answers are graded against their label")
     return 0 if ok else 1
 
@@ -405,9 +482,17 @@ def cmd_report(args) -> int:
     return 0 if ok else 1
 
 
-COMMANDS = {"list": cmd_list, "take": cmd_take, "grade": cmd_grade, "progress": cmd_progress,
-            "seal": cmd_seal, "unseal": cmd_unseal, "explain": cmd_explain, "corpus": cmd_corpus,
-            "report": cmd_report}
+COMMANDS = {
+    "list": cmd_list,
+    "take": cmd_take,
+    "grade": cmd_grade,
+    "progress": cmd_progress,
+    "seal": cmd_seal,
+    "unseal": cmd_unseal,
+    "explain": cmd_explain,
+    "corpus": cmd_corpus,
+    "report": cmd_report,
+}
 
 
 def main(argv=None) -> int:

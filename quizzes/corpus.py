@@ -5,6 +5,7 @@ wrong. `grade_corpus` grades them all with the one grader; `Matrix` counts label
 (correct / wrong / unsure), per kind of answer and per language; `TARGETS` are the bars an
 answer set nobody tuned the rules to must meet (issue 21), checked by `python -m quizzes report`.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,17 +35,29 @@ def read_corpus(path) -> dict:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise QuizError(f"cannot read corpus {path}: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("questions"), dict) \
-            or not isinstance(data.get("lesson"), str):
-        raise QuizError(f"corpus {path}: an object with 'lesson' and 'questions' (id -> list of answers)")
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("questions"), dict)
+        or not isinstance(data.get("lesson"), str)
+    ):
+        raise QuizError(
+            f"corpus {path}: an object with 'lesson' and 'questions' (id -> list of answers)"
+        )
     for qid, items in data["questions"].items():
         if not isinstance(items, list):
             raise QuizError(f"corpus {path}: {qid} needs a list of answers")
         for i, item in enumerate(items):
-            if not (isinstance(item, dict) and item.get("label") in LABELS and item.get("lang") in ("en", "zh")
-                    and isinstance(item.get("answer"), str) and isinstance(item.get("kind"), str)):
-                raise QuizError(f"corpus {path}: {qid} item #{i + 1} needs label (correct/wrong), "
-                                "lang (en/zh), kind and answer")
+            if not (
+                isinstance(item, dict)
+                and item.get("label") in LABELS
+                and item.get("lang") in ("en", "zh")
+                and isinstance(item.get("answer"), str)
+                and isinstance(item.get("kind"), str)
+            ):
+                raise QuizError(
+                    f"corpus {path}: {qid} item #{i + 1} needs label (correct/wrong), "
+                    "lang (en/zh), kind and answer"
+                )
     return data
 
 
@@ -86,13 +99,16 @@ def grade_corpus(paths) -> list:
             if q.type != "open":
                 raise QuizError(f"corpus {path}: {qid} is not an open question")
             for item in items:
-                out.append(Graded(bank.lesson, qid, item, grade_question(q, item["answer"], item["lang"])))
+                out.append(
+                    Graded(bank.lesson, qid, item, grade_question(q, item["answer"], item["lang"]))
+                )
     return out
 
 
 @dataclass
 class Matrix:
     """label x verdict counts."""
+
     counts: Counter = field(default_factory=Counter)
 
     def add(self, label, verdict):
@@ -105,12 +121,20 @@ class Matrix:
         return self.counts[label, verdict] / self.n(label) if self.n(label) else 0.0
 
     def rows(self) -> list:
-        return [(label, [self.counts[label, v] for v in VERDICTS]) for label in LABELS if self.n(label)]
+        return [
+            (label, [self.counts[label, v] for v in VERDICTS]) for label in LABELS if self.n(label)
+        ]
 
 
 def matrices(graded: list) -> dict:
-    """{"all": Matrix, "kind": {(label, kind): Matrix}, "lang": {lang: Matrix}, "question": {...}}"""
-    out = {"all": Matrix(), "kind": defaultdict(Matrix), "lang": defaultdict(Matrix), "question": defaultdict(Matrix)}
+    """The confusion matrices of graded answers, overall and per group:
+    {"all": Matrix, "kind": {(label, kind): Matrix}, "lang": {lang: Matrix}, "question": {...}}"""
+    out = {
+        "all": Matrix(),
+        "kind": defaultdict(Matrix),
+        "lang": defaultdict(Matrix),
+        "question": defaultdict(Matrix),
+    }
     for g in graded:
         label = g.item["label"]
         out["all"].add(label, g.verdict)
@@ -132,8 +156,11 @@ def targets(matrix: Matrix) -> list:
 def report(graded: list, title: str) -> tuple:
     """(text, all targets met?) for one answer set."""
     m = matrices(graded)
-    lines = [f"== {title}: {len(graded)} answers", "",
-             f"{'':32}{'correct':>9}{'wrong':>8}{'unsure':>8}{'n':>6}"]
+    lines = [
+        f"== {title}: {len(graded)} answers",
+        "",
+        f"{'':32}{'correct':>9}{'wrong':>8}{'unsure':>8}{'n':>6}",
+    ]
 
     def row(name, mat, label):
         c = [mat.counts[label, v] for v in VERDICTS]
@@ -156,6 +183,8 @@ def report(graded: list, title: str) -> tuple:
     ok = True
     for name, r, bound, how, passed in targets(m["all"]):
         ok &= passed
-        lines.append(f"  {name:24} {100 * r:5.1f}%  ({'at most' if how == 'max' else 'at least'} "
-                     f"{100 * bound:.0f}%)  {'pass' if passed else 'FAIL'}")
+        lines.append(
+            f"  {name:24} {100 * r:5.1f}%  ({'at most' if how == 'max' else 'at least'} "
+            f"{100 * bound:.0f}%)  {'pass' if passed else 'FAIL'}"
+        )
     return "\n".join(lines), ok

@@ -2,6 +2,7 @@
 
 Nothing here writes progress; callers that want it recorded call ``progress.record``.
 """
+
 from __future__ import annotations
 
 import re
@@ -12,7 +13,6 @@ from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, InvalidOperation, loca
 from . import claims
 from .bank import Question, QuizError, load_bank
 from .i18n import AnswerError, check_lang, msg
-
 
 VERDICTS = ("correct", "wrong", "unsure")
 
@@ -65,20 +65,30 @@ def grade(lesson, qid: str, answer, lang: str = "en") -> Result:
 def grade_question(q: Question, answer, lang: str = "en") -> Result:
     check_lang(lang)
     if q.type == "code":
-        raise QuizError(f"{q.id} is a code exercise: it is graded by quizzes.check_exercise(...) "
-                        "in its notebook cell, not by an answer")
+        raise QuizError(
+            f"{q.id} is a code exercise: it is graded by quizzes.check_exercise(...) "
+            "in its notebook cell, not by an answer"
+        )
     return _GRADERS[q.type](q, answer, lang)
 
 
 # --- choice questions ----------------------------------------------------------------------
 
+
 def _option_id(q: Question, value) -> str:
     if not isinstance(value, str):
-        raise AnswerError("option_type", qid=q.id, options=", ".join(q.option_ids()),
-                          kind=type(value).__name__, value=repr(value))
+        raise AnswerError(
+            "option_type",
+            qid=q.id,
+            options=", ".join(q.option_ids()),
+            kind=type(value).__name__,
+            value=repr(value),
+        )
     oid = value.strip().lower().rstrip(")")
     if oid not in q.option_ids():
-        raise AnswerError("unknown_option", qid=q.id, value=repr(value), options=", ".join(q.option_ids()))
+        raise AnswerError(
+            "unknown_option", qid=q.id, value=repr(value), options=", ".join(q.option_ids())
+        )
     return oid
 
 
@@ -90,8 +100,12 @@ def _grade_single(q: Question, answer, lang: str) -> Result:
     sp = _space(lang)
     if chosen == q.secret["correct"]:
         return Result(True, 1.0, f"{msg('correct', lang)}{sp}{why}", {"chosen": chosen})
-    return Result(False, 0.0, f"{msg('wrong', lang)}{sp}{msg('selected_wrong', lang, opt=chosen + ')')}{sp}{why}",
-                  {"chosen": chosen})
+    return Result(
+        False,
+        0.0,
+        f"{msg('wrong', lang)}{sp}{msg('selected_wrong', lang, opt=chosen + ')')}{sp}{why}",
+        {"chosen": chosen},
+    )
 
 
 def _space(lang: str) -> str:
@@ -103,16 +117,22 @@ def _grade_multi(q: Question, answer, lang: str) -> Result:
     if isinstance(answer, str):  # "a,c" or "a c": what a terminal user types
         answer = [a for a in re.split(r"[\s,;]+", answer) if a]
     if not isinstance(answer, (list, tuple, set)):
-        raise AnswerError("multi_type", qid=q.id, kind=type(answer).__name__, value=repr(answer)[:60])
+        raise AnswerError(
+            "multi_type", qid=q.id, kind=type(answer).__name__, value=repr(answer)[:60]
+        )
     chosen = {_option_id(q, a) for a in answer}
     right = set(q.secret["correct"])
     why = q.secret["why"]
     lines = []
     for oid in q.option_ids():  # explain every option the learner judged wrongly, in order
         if oid in chosen and oid not in right:
-            lines.append(f"- {msg('selected_wrong', lang, opt=oid + ')')}{_space(lang)}{why[oid][lang]}")
+            lines.append(
+                f"- {msg('selected_wrong', lang, opt=oid + ')')}{_space(lang)}{why[oid][lang]}"
+            )
         elif oid in right and oid not in chosen:
-            lines.append(f"- {msg('missed_right', lang, opt=oid + ')')}{_space(lang)}{why[oid][lang]}")
+            lines.append(
+                f"- {msg('missed_right', lang, opt=oid + ')')}{_space(lang)}{why[oid][lang]}"
+            )
     # partial credit: right picks minus wrong picks, over the number of right options
     score = max(0.0, (len(chosen & right) - len(chosen - right)) / len(right))
     if not lines:
@@ -133,7 +153,9 @@ def parse_number(q: Question, answer) -> Decimal:
     a 400-digit integer is a number, not an OverflowError). A comma that is not a thousands
     separator ('0,8', '1,5e3') is refused rather than guessed: is it 0.8 or 8?"""
     if isinstance(answer, bool) or isinstance(answer, (list, tuple, set, dict)) or answer is None:
-        raise AnswerError("numeric_type", qid=q.id, kind=type(answer).__name__, value=repr(answer)[:60])
+        raise AnswerError(
+            "numeric_type", qid=q.id, kind=type(answer).__name__, value=repr(answer)[:60]
+        )
     if isinstance(answer, int):
         value = Decimal(answer)
     elif isinstance(answer, float):
@@ -174,7 +196,10 @@ def show_number(value: Decimal) -> str:
         return "0"
     if len(digits) > 30:  # cut (not rounded) and marked: the digits shown are the learner's
         head = "".join(map(str, digits[:20]))
-        return f"{'-' if sign else ''}{head[0]}.{head[1:]}…e{len(digits) + exp - 1} ({len(digits)} digits)"
+        return (
+            f"{'-' if sign else ''}{head[0]}.{head[1:]}…e{len(digits) + exp - 1} "
+            f"({len(digits)} digits)"
+        )
     if len(digits) + exp > 21 or len(digits) + exp < -6:  # beyond what reads well in plain digits
         return f"{value:E}".replace("E+", "e").replace("E", "e")
     return f"{value:,f}"
@@ -183,7 +208,7 @@ def show_number(value: Decimal) -> str:
 def _grade_numeric(q: Question, answer, lang: str) -> Result:
     value = parse_number(q, answer)
     s = q.secret
-    (kind, tol), = s["tolerance"].items()
+    ((kind, tol),) = s["tolerance"].items()
     target = Decimal(repr(s["value"])) if isinstance(s["value"], float) else Decimal(s["value"])
     tol = Decimal(repr(tol)) if isinstance(tol, float) else Decimal(tol)
     allowed = tol if kind == "abs" else tol * abs(target)
@@ -193,10 +218,21 @@ def _grade_numeric(q: Question, answer, lang: str) -> Result:
     given = show_number(value)
     if inside:
         sp = _space(lang)
-        return Result(True, 1.0, f"{msg('correct', lang)}{sp}{msg('numeric_ok', lang, given=given)}{sp}"
-                                 f"{s['explanation'][lang]}", details)
-    return Result(False, 0.0, f"{msg('wrong', lang)}{_space(lang)}{msg('numeric_bad', lang, given=given, unit=q.unit[lang])}\n"
-                              f"{msg('how', lang)}{_space(lang)}{s['explanation'][lang]}", details)
+        return Result(
+            True,
+            1.0,
+            f"{msg('correct', lang)}{sp}{msg('numeric_ok', lang, given=given)}{sp}"
+            f"{s['explanation'][lang]}",
+            details,
+        )
+    return Result(
+        False,
+        0.0,
+        f"{msg('wrong', lang)}{_space(lang)}"
+        f"{msg('numeric_bad', lang, given=given, unit=q.unit[lang])}\n"
+        f"{msg('how', lang)}{_space(lang)}{s['explanation'][lang]}",
+        details,
+    )
 
 
 # --- open answers graded by the claims they make (claims.py) ---------------------------------
@@ -263,8 +299,14 @@ def _grade_open(q: Question, answer, lang: str) -> Result:
     short = too_short(answer)
     verdict, reason = open_verdict(reading, s, short)
     met = len(keys) - len(missing)
-    score = 1.0 if verdict == "correct" else round(0.5 * max(0, met - len(reading.misconceptions)) / len(keys), 4)
-    false = [{"quote": quote, "fix": fix[lang], "id": cid} for cid, fix, quote in reading.misconceptions]
+    score = (
+        1.0
+        if verdict == "correct"
+        else round(0.5 * max(0, met - len(reading.misconceptions)) / len(keys), 4)
+    )
+    false = [
+        {"quote": quote, "fix": fix[lang], "id": cid} for cid, fix, quote in reading.misconceptions
+    ]
 
     def bullets(items):
         return [f"- {i}" for i in items] or [f"- {msg('none', lang)}"]
@@ -273,20 +315,36 @@ def _grade_open(q: Question, answer, lang: str) -> Result:
     for f in false:
         lines.append(msg("you_wrote", lang, quote=f["quote"], fix=f["fix"].rstrip(".。")))
     lines += [msg("found", lang)] + bullets(c["label"][lang] for c in found)
-    lines += [msg("missing" if verdict != "unsure" else "not_found", lang)] + bullets(c["label"][lang] for c in missing)
+    lines += [msg("missing" if verdict != "unsure" else "not_found", lang)] + bullets(
+        c["label"][lang] for c in missing
+    )
     if reading.unread:
-        lines += [msg("unread", lang)] + bullets(f"«{u}»" if lang == "en" else f"「{u}」" for u in reading.unread)
+        lines += [msg("unread", lang)] + bullets(
+            f"«{u}»" if lang == "en" else f"「{u}」" for u in reading.unread
+        )
     lines += [msg("reference", lang), s["reference"][lang]]
     if verdict == "unsure":
         lines += [msg("mark_yourself", lang)] + bullets(c["label"][lang] for c in keys)
-    details = {"found": [c["id"] for c in found], "missing": [k["id"] for k in missing],
-               "found_labels": [c["label"][lang] for c in found],
-               "missing_labels": [c["label"][lang] for c in missing],
-               "unread": list(reading.unread), "false": [{"quote": f["quote"], "fix": f["fix"]} for f in false],
-               "checklist": [c["label"][lang] for c in keys], "reference": s["reference"][lang],
-               "too_short": short, "statement": reading.stated_sentences > 0,
-               "misconceptions": [f["id"] for f in false], "reason": reason}
+    details = {
+        "found": [c["id"] for c in found],
+        "missing": [k["id"] for k in missing],
+        "found_labels": [c["label"][lang] for c in found],
+        "missing_labels": [c["label"][lang] for c in missing],
+        "unread": list(reading.unread),
+        "false": [{"quote": f["quote"], "fix": f["fix"]} for f in false],
+        "checklist": [c["label"][lang] for c in keys],
+        "reference": s["reference"][lang],
+        "too_short": short,
+        "statement": reading.stated_sentences > 0,
+        "misconceptions": [f["id"] for f in false],
+        "reason": reason,
+    }
     return Result(verdict == "correct", score, "\n".join(lines), details, verdict=verdict)
 
 
-_GRADERS = {"single": _grade_single, "multi": _grade_multi, "numeric": _grade_numeric, "open": _grade_open}
+_GRADERS = {
+    "single": _grade_single,
+    "multi": _grade_multi,
+    "numeric": _grade_numeric,
+    "open": _grade_open,
+}

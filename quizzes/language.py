@@ -9,6 +9,7 @@
 `import quizzes` imports neither: jieba takes about a second to build its prefix dictionary (and
 prints "Building prefix dict..." unless told not to), so it is built on the first Chinese answer.
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,6 +23,7 @@ def _jieba():
     global _JIEBA
     if _JIEBA is None:
         import jieba
+
         jieba.setLogLevel(logging.ERROR)  # no "Building prefix dict ..." on stderr
         jieba.initialize()
         _JIEBA = jieba
@@ -41,4 +43,5 @@ def zh_words(text: str) -> tuple:
 def en_lemmas(word: str) -> dict:
     """{part of speech: (lemma, ...)} from lemminflect's tables ({} for a word it does not know)."""
     from lemminflect import getAllLemmas
+
     return getAllLemmas(word)

@@ -1,6 +1,7 @@
 """The claim reader (quizzes/claims.py) on its own: phrasings, clauses, subjects, negation,
 keyword lists, and the bank lint of the open-question format. Uses a small demo question so
 these tests do not depend on any lesson's wording."""
+
 import copy
 import json
 import re
@@ -21,30 +22,70 @@ def _bi(en, zh):
 
 
 DEMO = {
-    "subjects": {A: _bi(["full shard", "the former"], ["前者"]), B: _bi(["shard grad op", "the latter"], ["后者"])},
+    "subjects": {
+        A: _bi(["full shard", "the former"], ["前者"]),
+        B: _bi(["shard grad op", "the latter"], ["后者"]),
+    },
     "claims": [
-        {"id": "frees", "label": _bi("A frees params", "A 释放参数"), "forms": [
-            {"subject": A, "rival": B,
-             "says": _bi(["(free*|re shard*) ... (param*|weight*|them)"], ["释放"]),
-             "wrong": _bi("A does free them", "A 会释放"),
-             "swapped": _bi("it is A that frees them", "释放的是 A")}]},
-        {"id": "memory", "label": _bi("B uses more memory", "B 显存更多"), "forms": [
-            {"subject": B, "rival": A, "says": _bi(["more memory"], ["(显存|内存) ... 更多"]),
-             "wrong": _bi("B does use more memory", "B 显存确实更多"),
-             "swapped": _bi("it is B that uses more memory", "显存更多的是 B")}]},
-        {"id": "fit", "label": _bi("a full copy may not fit", "完整副本可能放不下"), "forms": [
-            {"says": _bi(["rank ... (has|holds|hold) ... (whole|full) model"], ["rank ... 完整模型"]),
-             "negated": True,
-             "wrong": _bi("each rank holds only a shard", "每个 rank 只有一个分片")}]},
+        {
+            "id": "frees",
+            "label": _bi("A frees params", "A 释放参数"),
+            "forms": [
+                {
+                    "subject": A,
+                    "rival": B,
+                    "says": _bi(["(free*|re shard*) ... (param*|weight*|them)"], ["释放"]),
+                    "wrong": _bi("A does free them", "A 会释放"),
+                    "swapped": _bi("it is A that frees them", "释放的是 A"),
+                }
+            ],
+        },
+        {
+            "id": "memory",
+            "label": _bi("B uses more memory", "B 显存更多"),
+            "forms": [
+                {
+                    "subject": B,
+                    "rival": A,
+                    "says": _bi(["more memory"], ["(显存|内存) ... 更多"]),
+                    "wrong": _bi("B does use more memory", "B 显存确实更多"),
+                    "swapped": _bi("it is B that uses more memory", "显存更多的是 B"),
+                }
+            ],
+        },
+        {
+            "id": "fit",
+            "label": _bi("a full copy may not fit", "完整副本可能放不下"),
+            "forms": [
+                {
+                    "says": _bi(
+                        ["rank ... (has|holds|hold) ... (whole|full) model"], ["rank ... 完整模型"]
+                    ),
+                    "negated": True,
+                    "wrong": _bi("each rank holds only a shard", "每个 rank 只有一个分片"),
+                }
+            ],
+        },
     ],
-    "misconceptions": [{"id": "same", "says": _bi(["no ... difference"], ["没有区别"]),
-                        "wrong": _bi("they differ in when the parameters are freed", "两者的区别在于何时释放参数")}],
-    "key_ideas": [{"id": "frees", "label": _bi("A frees params", "A 释放参数"), "claims": ["frees"]},
-                  {"id": "memory", "label": _bi("B uses more memory", "B 显存更多"), "claims": ["memory"]}],
+    "misconceptions": [
+        {
+            "id": "same",
+            "says": _bi(["no ... difference"], ["没有区别"]),
+            "wrong": _bi(
+                "they differ in when the parameters are freed", "两者的区别在于何时释放参数"
+            ),
+        }
+    ],
+    "key_ideas": [
+        {"id": "frees", "label": _bi("A frees params", "A 释放参数"), "claims": ["frees"]},
+        {"id": "memory", "label": _bi("B uses more memory", "B 显存更多"), "claims": ["memory"]},
+    ],
     "topic": _bi(["param*", "memory", "rank*", "model"], ["参数", "显存", "模型"]),
     "neutral": [{"id": "both_shard", "says": _bi(["both shard*"], ["都分片"])}],
-    "reference": _bi("A frees the parameters after forward; B keeps them and uses more memory.",
-                     "A 在前向之后释放参数；B 保留参数，显存更多。"),
+    "reference": _bi(
+        "A frees the parameters after forward; B keeps them and uses more memory.",
+        "A 在前向之后释放参数；B 保留参数，显存更多。",
+    ),
 }
 
 
@@ -54,8 +95,18 @@ def read(text):
 
 @pytest.fixture
 def demo_bank(tmp_path, monkeypatch):
-    authoring = {"lesson": "lessondemo", "title": _bi("Demo", "演示"), "questions": [
-        {"id": "q_open", "type": "open", "prompt": _bi("Difference?", "区别？"), "secret": copy.deepcopy(DEMO)}]}
+    authoring = {
+        "lesson": "lessondemo",
+        "title": _bi("Demo", "演示"),
+        "questions": [
+            {
+                "id": "q_open",
+                "type": "open",
+                "prompt": _bi("Difference?", "区别？"),
+                "secret": copy.deepcopy(DEMO),
+            }
+        ],
+    }
     folder = tmp_path / "banks"
     folder.mkdir()
     (folder / "lessondemo.json").write_text(bankmod.dump_bank(bankmod.from_authoring(authoring)))
@@ -65,21 +116,33 @@ def demo_bank(tmp_path, monkeypatch):
 
 # --- phrasings -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("phrase,text,hit", [
-    ("rank", "frankly i would go watch a video", False),   # ASCII matches whole words only
-    ("rank", "each rank holds a shard", True),
-    ("oom", "zoom into the logs", False),
-    ("dcp", "and cpu", False),
-    ("all gather", claims.normalise("FULL_SHARD all-gathers"), False),  # no * : the word ends there
-    ("all gather*", claims.normalise("FULL_SHARD all-gathers"), True),
-    ("all gather*", claims.normalise("an all_gather call"), True),
-    ("all gather*", "allgathers", True),
-    ("re shard*", claims.normalise("re-shards the parameters"), True),
-    ("free* ... param*", "frees the full params", True),
-    ("再次all gather", claims.normalise("反向时再次 all-gather"), True),   # Chinese: spaces optional
-    ("释放", "前者释放参数", True),
-    ("完整(的|)模型", "完整模型", True),
-])
+
+@pytest.mark.parametrize(
+    "phrase,text,hit",
+    [
+        ("rank", "frankly i would go watch a video", False),  # ASCII matches whole words only
+        ("rank", "each rank holds a shard", True),
+        ("oom", "zoom into the logs", False),
+        ("dcp", "and cpu", False),
+        (
+            "all gather",
+            claims.normalise("FULL_SHARD all-gathers"),
+            False,
+        ),  # no * : the word ends there
+        ("all gather*", claims.normalise("FULL_SHARD all-gathers"), True),
+        ("all gather*", claims.normalise("an all_gather call"), True),
+        ("all gather*", "allgathers", True),
+        ("re shard*", claims.normalise("re-shards the parameters"), True),
+        ("free* ... param*", "frees the full params", True),
+        (
+            "再次all gather",
+            claims.normalise("反向时再次 all-gather"),
+            True,
+        ),  # Chinese: spaces optional
+        ("释放", "前者释放参数", True),
+        ("完整(的|)模型", "完整模型", True),
+    ],
+)
 def test_phrase_matching(phrase, text, hit):
     assert bool(claims.compile_phrase(phrase).search(text)) is hit
 
@@ -92,13 +155,24 @@ def test_phrase_lint():
 
 
 def test_clauses_split_at_punctuation_and_contrast_words():
-    parts = [c for _, c in claims.split_clauses(
-        "FULL_SHARD frees them, while SHARD_GRAD_OP keeps them; torch.save(model.state_dict()) is one word. 前者释放而后者保留")]
-    assert parts == ["full shard frees them", "shard grad op keeps them", "torch save model state dict is one word",
-                     "前者释放", "后者保留"]
+    parts = [
+        c
+        for _, c in claims.split_clauses(
+            "FULL_SHARD frees them, while SHARD_GRAD_OP keeps them; torch.save(model.state_dict()) "
+            "is one word. 前者释放而后者保留"
+        )
+    ]
+    assert parts == [
+        "full shard frees them",
+        "shard grad op keeps them",
+        "torch save model state dict is one word",
+        "前者释放",
+        "后者保留",
+    ]
 
 
 # --- subjects, negation, misconceptions -------------------------------------------------------
+
 
 def test_right_subject_supports_and_pronoun_inherits():
     r = read("FULL_SHARD frees the parameters after forward, so SHARD_GRAD_OP uses more memory.")
@@ -110,7 +184,9 @@ def test_right_subject_supports_and_pronoun_inherits():
 def test_swapped_subject_is_a_named_misconception():
     r = read("SHARD_GRAD_OP frees the parameters after forward.")
     assert not r.supported and r.misconceptions[0][1]["en"] == "it is A that frees them"
-    assert r.misconceptions[0][2] == "SHARD_GRAD_OP frees the parameters after forward"  # the learner's own clause
+    assert (
+        r.misconceptions[0][2] == "SHARD_GRAD_OP frees the parameters after forward"
+    )  # the learner's own clause
 
 
 def test_comparand_is_not_the_subject():
@@ -120,10 +196,16 @@ def test_comparand_is_not_the_subject():
     assert "memory" in r.supported and not r.misconceptions
 
 
-@pytest.mark.parametrize("text", [
-    "FULL_SHARD does not free the parameters.", "FULL_SHARD doesn't free the parameters.",
-    "FULL_SHARD never frees the weights.", "FULL_SHARD 不释放参数。", "FULL_SHARD 前向之后不会释放参数。",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "FULL_SHARD does not free the parameters.",
+        "FULL_SHARD doesn't free the parameters.",
+        "FULL_SHARD never frees the weights.",
+        "FULL_SHARD 不释放参数。",
+        "FULL_SHARD 前向之后不会释放参数。",
+    ],
+)
 def test_negation_makes_a_misconception(text):
     r = read(text)
     assert not r.supported and [m[0] for m in r.misconceptions] == ["frees"]
@@ -137,15 +219,21 @@ def test_denied_rival_supports():
 
 def test_negation_reaches_only_nearby_words():
     # the 'not' belongs to 'worth it', far before the phrasing
-    r = claims.read_answer("It is not worth it for models so big that each rank holds the whole model in memory.", DEMO)
-    assert [m[0] for m in r.misconceptions] == ["fit"]  # the form reads as affirmed: a misconception
+    r = claims.read_answer(
+        "It is not worth it for models so big that each rank holds the whole model in memory.", DEMO
+    )
+    assert [m[0] for m in r.misconceptions] == [
+        "fit"
+    ]  # the form reads as affirmed: a misconception
     r = read("No rank holds the whole model.")
     assert "fit" in r.supported  # a quantifier reaches the whole clause
 
 
 def test_negated_form_and_misconception_entries():
     assert "fit" in read("Each rank does not hold the whole model, only a shard.").supported
-    assert [m[0] for m in read("There is no real difference between them.").misconceptions] == ["same"]
+    assert [m[0] for m in read("There is no real difference between them.").misconceptions] == [
+        "same"
+    ]
 
 
 def test_keyword_lists_are_not_read():
@@ -155,30 +243,70 @@ def test_keyword_lists_are_not_read():
 
 # --- grading an answer -------------------------------------------------------------------------
 
+
 def test_grade_open_answer_feedback(demo_bank):
-    good = quizzes.grade(demo_bank, "q_open", "FULL_SHARD frees the parameters after forward; SHARD_GRAD_OP uses more memory.")
-    assert good.verdict == "correct" and good.correct and good.score == 1.0 and good.details["found"] == ["frees", "memory"]
-    assert good.feedback.splitlines()[0].startswith("Correct:") and "right:" not in good.feedback.splitlines()[0]
-    bad = quizzes.grade(demo_bank, "q_open", "SHARD_GRAD_OP frees the parameters after forward and it uses more memory.")
-    assert bad.verdict == "wrong" and not bad.correct and bad.score < 1.0 and bad.details["misconceptions"] == ["frees"]
+    good = quizzes.grade(
+        demo_bank,
+        "q_open",
+        "FULL_SHARD frees the parameters after forward; SHARD_GRAD_OP uses more memory.",
+    )
+    assert (
+        good.verdict == "correct"
+        and good.correct
+        and good.score == 1.0
+        and good.details["found"] == ["frees", "memory"]
+    )
+    assert (
+        good.feedback.splitlines()[0].startswith("Correct:")
+        and "right:" not in good.feedback.splitlines()[0]
+    )
+    bad = quizzes.grade(
+        demo_bank,
+        "q_open",
+        "SHARD_GRAD_OP frees the parameters after forward and it uses more memory.",
+    )
+    assert (
+        bad.verdict == "wrong"
+        and not bad.correct
+        and bad.score < 1.0
+        and bad.details["misconceptions"] == ["frees"]
+    )
     # the learner's own words, then what is true: never a canned line about the opposite
-    assert bad.details["false"] == [{"quote": "SHARD_GRAD_OP frees the parameters after forward and it uses more memory",
-                                     "fix": "it is A that frees them"}]
-    assert "You wrote: «SHARD_GRAD_OP frees the parameters after forward and it uses more memory» — in fact it is A that frees them." in bad.feedback
-    zh = quizzes.grade(demo_bank, "q_open", "SHARD_GRAD_OP 在前向之后释放参数，后者显存更多。", "zh")
-    assert zh.verdict == "wrong" and "你写道：「SHARD_GRAD_OP 在前向之后释放参数」——实际上释放的是 A。" in zh.feedback
+    assert bad.details["false"] == [
+        {
+            "quote": "SHARD_GRAD_OP frees the parameters after forward and it uses more memory",
+            "fix": "it is A that frees them",
+        }
+    ]
+    assert (
+        "You wrote: «SHARD_GRAD_OP frees the parameters after forward and it uses more memory» — "
+        "in fact it is A that frees them." in bad.feedback
+    )
+    zh = quizzes.grade(
+        demo_bank, "q_open", "SHARD_GRAD_OP 在前向之后释放参数，后者显存更多。", "zh"
+    )
+    assert (
+        zh.verdict == "wrong"
+        and "你写道：「SHARD_GRAD_OP 在前向之后释放参数」——实际上释放的是 A。" in zh.feedback
+    )
 
 
 def test_every_key_idea_is_needed(demo_bank):
-    half = quizzes.grade(demo_bank, "q_open", "FULL_SHARD frees the parameters right after the forward pass.")
+    half = quizzes.grade(
+        demo_bank, "q_open", "FULL_SHARD frees the parameters right after the forward pass."
+    )
     assert half.verdict == "wrong" and half.details["missing"] == ["memory"]
-    assert half.details["missing_labels"] == ["B uses more memory"] and half.details["found_labels"] == ["A frees params"]
+    assert half.details["missing_labels"] == ["B uses more memory"] and half.details[
+        "found_labels"
+    ] == ["A frees params"]
     assert "Key ideas missing:\n- B uses more memory" in half.feedback
 
 
 def test_an_unread_sentence_makes_it_unsure(demo_bank):
-    text = ("FULL_SHARD frees the parameters after forward; SHARD_GRAD_OP uses more memory. "
-            "The parameters are also compressed on the model's way to disk.")
+    text = (
+        "FULL_SHARD frees the parameters after forward; SHARD_GRAD_OP uses more memory. "
+        "The parameters are also compressed on the model's way to disk."
+    )
     r = quizzes.grade(demo_bank, "q_open", text)
     assert r.verdict == "unsure" and not r.correct and r.score < 1.0
     assert r.details["unread"] == ["The parameters are also compressed on the model's way to disk"]
@@ -186,35 +314,56 @@ def test_an_unread_sentence_makes_it_unsure(demo_bank):
     assert r.details["reference"] == DEMO["reference"]["en"]
     assert "could not read" in r.feedback and "mark it yourself" in r.feedback
     # a known neutral remark is read: nothing is left over
-    r = quizzes.grade(demo_bank, "q_open", "Both shard the parameters. FULL_SHARD frees the parameters after forward; "
-                                           "SHARD_GRAD_OP uses more memory.")
+    r = quizzes.grade(
+        demo_bank,
+        "q_open",
+        "Both shard the parameters. FULL_SHARD frees the parameters after forward; "
+        "SHARD_GRAD_OP uses more memory.",
+    )
     assert r.verdict == "correct", r.details
     # a sentence off the topic costs nothing
-    r = quizzes.grade(demo_bank, "q_open", "FULL_SHARD frees the parameters after forward; SHARD_GRAD_OP uses more memory. "
-                                           "I learned this yesterday.")
+    r = quizzes.grade(
+        demo_bank,
+        "q_open",
+        "FULL_SHARD frees the parameters after forward; SHARD_GRAD_OP uses more memory. "
+        "I learned this yesterday.",
+    )
     assert r.verdict == "correct", r.details
 
 
 def test_short_answers_and_keyword_lists_are_never_correct(demo_bank):
     r = quizzes.grade(demo_bank, "q_open", "FULL_SHARD frees them")
     assert r.verdict == "wrong" and r.details["too_short"] and "too short" in r.feedback
-    for text in ["full_shard free params, shard_grad_op more memory, zero3 zero2 etc",
-                 "FULL_SHARD、释放参数、SHARD_GRAD_OP、显存更多、all-gather"]:
+    for text in [
+        "full_shard free params, shard_grad_op more memory, zero3 zero2 etc",
+        "FULL_SHARD、释放参数、SHARD_GRAD_OP、显存更多、all-gather",
+    ]:
         r = quizzes.grade(demo_bank, "q_open", text)
-        assert r.verdict == "wrong" and not r.details["statement"] and "keywords" in r.feedback, text
+        assert r.verdict == "wrong" and not r.details["statement"] and "keywords" in r.feedback, (
+            text
+        )
 
 
-@pytest.mark.parametrize("word,verb", [("shards", False), ("params", False), ("frees", True), ("kept", True),
-                                       ("resharded", True), ("unsharded", False)])
+@pytest.mark.parametrize(
+    "word,verb",
+    [
+        ("shards", False),
+        ("params", False),
+        ("frees", True),
+        ("kept", True),
+        ("resharded", True),
+        ("unsharded", False),
+    ],
+)
 def test_plurals_are_not_verbs(word, verb):
     assert claims.carries_verb(f"the {word}") is verb
 
 
 def test_chinese_negation_is_read_per_word():
-    assert not claims.negation_cues("两者差不多")          # 差不多 is one word, not 不 + 多
+    assert not claims.negation_cues("两者差不多")  # 差不多 is one word, not 不 + 多
     assert not claims.negation_cues("不同的 rank")
     assert claims.negation_cues("前者不会释放参数")
-    r = read("参数被 FULL_SHARD 释放。")                  # 被: the agent is the subject
+    r = read("参数被 FULL_SHARD 释放。")  # 被: the agent is the subject
     assert "frees" in r.supported and not r.misconceptions
     r = read("参数被 SHARD_GRAD_OP 释放。")
     assert [m[0] for m in r.misconceptions] == ["frees"]
@@ -222,24 +371,43 @@ def test_chinese_negation_is_read_per_word():
 
 # --- bank lint ---------------------------------------------------------------------------------
 
+
 def _authoring(secret):
-    return {"lesson": "lessondemo", "title": _bi("Demo", "演示"), "questions": [
-        {"id": "q_open", "type": "open", "prompt": _bi("Difference?", "区别？"), "secret": secret}]}
+    return {
+        "lesson": "lessondemo",
+        "title": _bi("Demo", "演示"),
+        "questions": [
+            {
+                "id": "q_open",
+                "type": "open",
+                "prompt": _bi("Difference?", "区别？"),
+                "secret": secret,
+            }
+        ],
+    }
 
 
-@pytest.mark.parametrize("change,match", [
-    (lambda s: s.update(ideas=[], min_ideas=1), "keyword rubric fields"),
-    (lambda s: s["claims"][0]["forms"][0].pop("swapped"), "'swapped' text"),
-    (lambda s: s["claims"][0]["forms"][0].update(subject="NOBODY"), "not in secret.subjects"),
-    (lambda s: s["claims"][0]["forms"][0]["says"].update(en=["ranks?"]), "optional"),
-    (lambda s: s["claims"][1].update(id="frees"), "unique string id"),
-    (lambda s: s.update(min_claims=2), "min_claims"),
-    (lambda s: s["claims"][0].update(weight=2), "weight"),
-    (lambda s: s["claims"][0]["forms"][0].update(wrong=_bi("you wrote that A does not", "你写的是 A 不")), "what is true instead"),
-    (lambda s: s.pop("topic"), "topic"),
-    (lambda s: s["key_ideas"][0].update(claims=["nope"]), "not a claim"),
-    (lambda s: s["claims"][2]["forms"][0].pop("wrong"), "'wrong' text"),
-])
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (lambda s: s.update(ideas=[], min_ideas=1), "keyword rubric fields"),
+        (lambda s: s["claims"][0]["forms"][0].pop("swapped"), "'swapped' text"),
+        (lambda s: s["claims"][0]["forms"][0].update(subject="NOBODY"), "not in secret.subjects"),
+        (lambda s: s["claims"][0]["forms"][0]["says"].update(en=["ranks?"]), "optional"),
+        (lambda s: s["claims"][1].update(id="frees"), "unique string id"),
+        (lambda s: s.update(min_claims=2), "min_claims"),
+        (lambda s: s["claims"][0].update(weight=2), "weight"),
+        (
+            lambda s: s["claims"][0]["forms"][0].update(
+                wrong=_bi("you wrote that A does not", "你写的是 A 不")
+            ),
+            "what is true instead",
+        ),
+        (lambda s: s.pop("topic"), "topic"),
+        (lambda s: s["key_ideas"][0].update(claims=["nope"]), "not a claim"),
+        (lambda s: s["claims"][2]["forms"][0].pop("wrong"), "'wrong' text"),
+    ],
+)
 def test_open_question_lint(change, match):
     secret = copy.deepcopy(DEMO)
     change(secret)
@@ -262,10 +430,10 @@ README = Path(quizzes.__file__).resolve().parent / "README.md"
 
 def readme_example():
     text = README.read_text(encoding="utf-8")
-    section = text[text.index("### Worked example"):]
-    block = section[section.index("```json") + len("```json"):]
-    question = json.loads(block[:block.index("```")])
-    table = section[section.index("| answer | verdict | read as |"):]
+    section = text[text.index("### Worked example") :]
+    block = section[section.index("```json") + len("```json") :]
+    question = json.loads(block[: block.index("```")])
+    table = section[section.index("| answer | verdict | read as |") :]
     rows = []
     for line in table.splitlines()[2:]:
         if not line.startswith("|"):
@@ -278,7 +446,11 @@ def readme_example():
 def test_readme_worked_example(tmp_path, monkeypatch):
     question, rows = readme_example()
     assert len(rows) >= 6
-    authoring = {"lesson": "lessonreadme", "title": _bi("README", "README"), "questions": [question]}
+    authoring = {
+        "lesson": "lessonreadme",
+        "title": _bi("README", "README"),
+        "questions": [question],
+    }
     folder = tmp_path / "banks"
     folder.mkdir()
     (folder / "lessonreadme.json").write_text(bankmod.dump_bank(bankmod.from_authoring(authoring)))
@@ -290,59 +462,99 @@ def test_readme_worked_example(tmp_path, monkeypatch):
         assert r.verdict == verdict, (answer, r.details)
     r = quizzes.grade("lessonreadme", question["id"], rows[3][0])
     assert len(r.details["misconceptions"]) == 3
-    feedback = README.read_text(encoding="utf-8").split("Feedback (en), for the fourth answer:")[1].split("```")[1]
-    shown = [line for line in feedback.strip().splitlines() if not line.startswith(("- ...", "..."))]
+    feedback = (
+        README.read_text(encoding="utf-8")
+        .split("Feedback (en), for the fourth answer:")[1]
+        .split("```")[1]
+    )
+    shown = [
+        line for line in feedback.strip().splitlines() if not line.startswith(("- ...", "..."))
+    ]
     assert all(line in r.feedback.splitlines() for line in shown), (shown, r.feedback)
 
 
 # --- issue 22's open-question facts (checked against the lessons) -------------------------------
 
+
 def test_full_state_dict_file_loads_into_a_plain_model_is_not_wrong():
-    """Classic FSDP's default FULL_STATE_DICT file is a full copy that lesson 4 loads into a plain GPT."""
-    r = quizzes.grade("lesson4", "q_why_not_torch_save",
-                      "With classic FSDP's default FULL_STATE_DICT, model.state_dict() all-gathers every unit, so the "
-                      "file is a full copy that loads into a plain model, but that collective must run on every rank "
-                      "and puts the whole model in each rank's memory.")
+    """Classic FSDP's default FULL_STATE_DICT file is a full copy that lesson 4 loads into a
+    plain GPT."""
+    r = quizzes.grade(
+        "lesson4",
+        "q_why_not_torch_save",
+        "With classic FSDP's default FULL_STATE_DICT, model.state_dict() all-gathers every unit, "
+        "so the file is a full copy that loads into a plain model, but that collective must run on "
+        "every rank and puts the whole model in each rank's memory.",
+    )
     assert r.verdict != "wrong", r.feedback
 
 
 def test_per_block_wrapping_moves_more_bytes_not_the_same():
-    r = quizzes.grade("lesson2", "q_why_wrap_per_block",
-                      "Per-block wrapping reduces the number of all-gathers compared with one big unit.")
+    r = quizzes.grade(
+        "lesson2",
+        "q_why_wrap_per_block",
+        "Per-block wrapping reduces the number of all-gathers compared with one big unit.",
+    )
     assert r.verdict == "wrong" and "more bytes" in r.feedback and "same bytes" not in r.feedback
 
 
 # --- the command line: verdicts in grade, the report on any folder of labelled answers ----------
 
+
 def test_cli_grade_shows_the_verdict(demo_bank, tmp_path, capsys):
     from quizzes import cli
-    unsure = ("FULL_SHARD frees the parameters after forward; SHARD_GRAD_OP uses more memory. "
-              "The parameters are also compressed on the model's way to disk.")
+
+    unsure = (
+        "FULL_SHARD frees the parameters after forward; SHARD_GRAD_OP uses more memory. "
+        "The parameters are also compressed on the model's way to disk."
+    )
     answers = tmp_path / "a.json"
-    answers.write_text(json.dumps({"lesson": demo_bank, "lang": "en", "answers": {"q_open": unsure}}))
+    answers.write_text(
+        json.dumps({"lesson": demo_bank, "lang": "en", "answers": {"q_open": unsure}})
+    )
     assert cli.main(["grade", str(answers), "--json"]) == 0
     row = json.loads(capsys.readouterr().out)["results"][0]
     assert row["verdict"] == "unsure" and row["correct"] is False
     assert cli.main(["grade", str(answers)]) == 0
     out = capsys.readouterr().out
-    assert "[unsure: mark it yourself] q_open" in out and "Sentences the grader could not read:" in out
+    assert (
+        "[unsure: mark it yourself] q_open" in out and "Sentences the grader could not read:" in out
+    )
 
 
 def test_cli_report_on_a_folder(demo_bank, tmp_path, capsys):
     from quizzes import cli
+
     folder = tmp_path / "set"
     folder.mkdir()
-    items = [{"label": "correct", "lang": "en", "kind": "right",
-              "answer": "FULL_SHARD frees the parameters after forward; SHARD_GRAD_OP uses more memory."},
-             {"label": "wrong", "lang": "en", "kind": "swapped",
-              "answer": "SHARD_GRAD_OP frees the parameters after forward and it uses more memory."}]
-    (folder / f"{demo_bank}.json").write_text(json.dumps({"lesson": demo_bank, "questions": {"q_open": items}}))
+    items = [
+        {
+            "label": "correct",
+            "lang": "en",
+            "kind": "right",
+            "answer": "FULL_SHARD frees the parameters after forward; "
+            "SHARD_GRAD_OP uses more memory.",
+        },
+        {
+            "label": "wrong",
+            "lang": "en",
+            "kind": "swapped",
+            "answer": "SHARD_GRAD_OP frees the parameters after forward and it uses more memory.",
+        },
+    ]
+    (folder / f"{demo_bank}.json").write_text(
+        json.dumps({"lesson": demo_bank, "questions": {"q_open": items}})
+    )
     assert cli.main(["report", str(folder)]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"correct \(all\)\s+1\s+0\s+0\s+1", out) and re.search(r"wrong \(all\)\s+0\s+1\s+0\s+1", out)
+    assert re.search(r"correct \(all\)\s+1\s+0\s+0\s+1", out) and re.search(
+        r"wrong \(all\)\s+0\s+1\s+0\s+1", out
+    )
     assert "wrong graded correct" in out and "FAIL" not in out
     items[1]["label"] = "correct"  # a right answer graded wrong: a target fails, exit 1
-    (folder / f"{demo_bank}.json").write_text(json.dumps({"lesson": demo_bank, "questions": {"q_open": items}}))
+    (folder / f"{demo_bank}.json").write_text(
+        json.dumps({"lesson": demo_bank, "questions": {"q_open": items}})
+    )
     assert cli.main(["report", str(folder)]) == 1 and "FAIL" in capsys.readouterr().out
     assert cli.main(["report", str(tmp_path / "nope")]) == 2
     assert "not found" in capsys.readouterr().err
@@ -353,113 +565,236 @@ def test_language_libraries_load_lazily_and_quietly():
     loads jieba without a word on stderr."""
     import subprocess
     import sys
-    code = ("import sys, quizzes; assert not {'torch', 'jieba', 'lemminflect'} & set(sys.modules), sys.modules.keys(); "
-            "r = quizzes.grade('lesson1', 'q_full_vs_shard_grad_op', 'FULL_SHARD 在前向之后释放参数，SHARD_GRAD_OP 保留到反向，所以显存更多。', 'zh'); "
-            "assert 'jieba' in sys.modules and r.verdict == 'correct', r.details")
+
+    code = (
+        "import sys, quizzes; assert not {'torch', 'jieba', 'lemminflect'} & set(sys.modules), "
+        "sys.modules.keys(); r = quizzes.grade('lesson1', 'q_full_vs_shard_grad_op', 'FULL_SHARD "
+        "在前向之后释放参数，SHARD_GRAD_OP 保留到反向，所以显存更多。', 'zh'); assert 'jieba' in "
+        "sys.modules and r.verdict == 'correct', r.details"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
 
 
 # --- round 2: mechanisms that generalise (each with answers written for this test) --------------
 
-@pytest.mark.parametrize("text,is_list", [
-    ("进程组 RANK WORLD_SIZE 会合 MASTER_PORT 重启 --nnodes", True),  # spaced terms, Chinese and English
-    ("分片、重新分片、预取、峰值显存、前向反向重叠", True),  # 、-list, one term of six characters
-    ("all-gather、reshard、显存峰值、通信计算重叠、粒度", True),  # mixed-language 、-list
-    ("每个 rank 只有自己的 shard 和优化器状态", False),  # spaces around English terms: a sentence
-    ("参数、梯度和优化器状态都分片到各个 rank 上", False),  # a list inside a statement
-    ("FULL_SHARD 前向之后 会 释放 参数", False),  # an auxiliary makes it a statement
-    ("RANK, LOCAL_RANK, WORLD_SIZE, MASTER_PORT, restarts, one worker per GPU", True),  # a noun phrase is a term
-    ("RANK, LOCAL_RANK, WORLD_SIZE, and torchrun restarts failed workers", False),
-])
+
+@pytest.mark.parametrize(
+    "text,is_list",
+    [
+        (
+            "进程组 RANK WORLD_SIZE 会合 MASTER_PORT 重启 --nnodes",
+            True,
+        ),  # spaced terms, Chinese and English
+        (
+            "分片、重新分片、预取、峰值显存、前向反向重叠",
+            True,
+        ),  # 、-list, one term of six characters
+        ("all-gather、reshard、显存峰值、通信计算重叠、粒度", True),  # mixed-language 、-list
+        (
+            "每个 rank 只有自己的 shard 和优化器状态",
+            False,
+        ),  # spaces around English terms: a sentence
+        ("参数、梯度和优化器状态都分片到各个 rank 上", False),  # a list inside a statement
+        ("FULL_SHARD 前向之后 会 释放 参数", False),  # an auxiliary makes it a statement
+        (
+            "RANK, LOCAL_RANK, WORLD_SIZE, MASTER_PORT, restarts, one worker per GPU",
+            True,
+        ),  # a noun phrase is a term
+        ("RANK, LOCAL_RANK, WORLD_SIZE, and torchrun restarts failed workers", False),
+    ],
+)
 def test_keyword_lists_in_chinese_and_mixed(text, is_list):
     assert claims.keyword_list(text) is is_list
 
 
 def test_an_s_form_after_a_plural_noun_is_the_verb():
-    assert claims.carries_verb(claims.normalise("only the all-reduce of gradient shards crosses nodes"))
-    assert not claims.carries_verb(claims.normalise("gradient shards, parameter shards, optimizer states"))
+    assert claims.carries_verb(
+        claims.normalise("only the all-reduce of gradient shards crosses nodes")
+    )
+    assert not claims.carries_verb(
+        claims.normalise("gradient shards, parameter shards, optimizer states")
+    )
 
 
 def test_a_statement_interrupted_by_brackets_is_read_whole():
-    r = quizzes.grade("lesson8", "q_hsdp_why",
-                      "The bulk of the traffic (parameter all-gathers and gradient reduce-scatters) remains inside "
-                      "each node, and only a small all-reduce of gradient shards goes between the nodes.")
+    r = quizzes.grade(
+        "lesson8",
+        "q_hsdp_why",
+        "The bulk of the traffic (parameter all-gathers and gradient reduce-scatters) remains "
+        "inside each node, and only a small all-reduce of gradient shards goes between the nodes.",
+    )
     assert r.verdict == "correct", r.feedback
 
 
-@pytest.mark.parametrize("lesson,qid,answer", [
-    # the comparison the other way round, in both languages
-    ("lesson8", "q_hsdp_why", "The shard group stays inside each node for the all-gathers and reduce-scatters, and only "
-                              "an all-reduce of gradient shards crosses nodes, because the inter-node network is faster "
-                              "than NVLink."),
-    ("lesson8", "q_hsdp_why", "all-gather 和 reduce-scatter 留在节点内，跨节点的只有梯度分片的 all-reduce，因为节点之间的链路比节点内快。"),
-    # a right answer, then a false figure
-    ("lesson7", "q_ac_when_and_cost", "It pays when activations dominate memory, with long sequences; backward recomputes "
-                                      "each block's forward. That doubles the training time."),
-    ("lesson7", "q_ac_when_and_cost", "序列长、激活占大头的时候划算；代价是反向重算前向，计算量差不多翻倍。"),
-    # the condition swapped: it pays when the model state dominates
-    ("lesson7", "q_ac_when_and_cost", "参数和优化器状态占显存大头的时候最划算，代价是反向重新计算前向。"),
-    # only rank 0 may call it / DCP gathers to rank 0
-    ("lesson4", "q_why_not_torch_save", "每个 rank 只有自己的参数分片；完整的 state dict 要 all-gather，只能在 rank 0 上调用，"
-                                        "而且一个 rank 放不下整个模型，换 world size 要用 DCP。"),
-    ("lesson4", "q_why_not_torch_save", "Each rank holds only its shard, so a full state dict needs an all-gather that every "
-                                        "rank joins and may not fit in one rank's memory. DCP also gathers the whole model "
-                                        "to rank 0 first and writes a single file."),
-    # per-block wrapping does not move fewer bytes
-    ("lesson2", "q_why_wrap_per_block", "Each block is gathered, used and freed in turn, so the peak is about one block, "
-                                        "and wrapping per block halves the bytes sent per step."),
-])
+@pytest.mark.parametrize(
+    "lesson,qid,answer",
+    [
+        # the comparison the other way round, in both languages
+        (
+            "lesson8",
+            "q_hsdp_why",
+            "The shard group stays inside each node for the all-gathers and reduce-scatters, and "
+            "only an all-reduce of gradient shards crosses nodes, because the inter-node network "
+            "is faster than NVLink.",
+        ),
+        (
+            "lesson8",
+            "q_hsdp_why",
+            "all-gather 和 reduce-scatter 留在节点内，跨节点的只有梯度分片的 all-reduce，"
+            "因为节点之间的链路比节点内快。",
+        ),
+        # a right answer, then a false figure
+        (
+            "lesson7",
+            "q_ac_when_and_cost",
+            "It pays when activations dominate memory, with long sequences; backward recomputes "
+            "each block's forward. That doubles the training time.",
+        ),
+        (
+            "lesson7",
+            "q_ac_when_and_cost",
+            "序列长、激活占大头的时候划算；代价是反向重算前向，计算量差不多翻倍。",
+        ),
+        # the condition swapped: it pays when the model state dominates
+        (
+            "lesson7",
+            "q_ac_when_and_cost",
+            "参数和优化器状态占显存大头的时候最划算，代价是反向重新计算前向。",
+        ),
+        # only rank 0 may call it / DCP gathers to rank 0
+        (
+            "lesson4",
+            "q_why_not_torch_save",
+            "每个 rank 只有自己的参数分片；完整的 state dict 要 all-gather，只能在 rank 0 上调用，"
+            "而且一个 rank 放不下整个模型，换 world size 要用 DCP。",
+        ),
+        (
+            "lesson4",
+            "q_why_not_torch_save",
+            "Each rank holds only its shard, so a full state dict needs an all-gather that every "
+            "rank joins and may not fit in one rank's memory. DCP also gathers the whole model "
+            "to rank 0 first and writes a single file.",
+        ),
+        # per-block wrapping does not move fewer bytes
+        (
+            "lesson2",
+            "q_why_wrap_per_block",
+            "Each block is gathered, used and freed in turn, so the peak is about one block, "
+            "and wrapping per block halves the bytes sent per step.",
+        ),
+    ],
+)
 def test_a_false_statement_beside_right_ones_makes_it_wrong(lesson, qid, answer):
     r = quizzes.grade(lesson, qid, answer, "zh" if claims.CJK_RE.search(answer) else "en")
     assert r.verdict == "wrong" and r.details["false"], r.feedback
 
 
-@pytest.mark.parametrize("lesson,qid,answer", [
-    # half of the answer: the mechanism without its trade-off, the heavy traffic without what crosses
-    ("lesson1", "q_full_vs_shard_grad_op", "After forward FULL_SHARD reshards the parameters; SHARD_GRAD_OP holds on to them "
-                                           "until backward."),
-    ("lesson8", "q_hsdp_why", "Because the reduce-scatters and all-gathers of the shard group then happen inside one node."),
-    # a noun phrase is no condition: '自己那个小 batch' says nothing about when to sync
-    ("lesson6", "q_bn_sync", "每个 rank 拿自己那个小 batch 算均值和方差，和全局的不一样，所以输出和梯度都和单卡不同。"),
-    # loose words for the heavy traffic: 'the communication' is not the all-gathers
-    ("lesson8", "q_hsdp_why", "The network between nodes is slow, so we keep the communication inside the node."),
-])
+@pytest.mark.parametrize(
+    "lesson,qid,answer",
+    [
+        # half of the answer: the mechanism without its trade-off, the heavy traffic without what
+        # crosses
+        (
+            "lesson1",
+            "q_full_vs_shard_grad_op",
+            "After forward FULL_SHARD reshards the parameters; SHARD_GRAD_OP holds on to them "
+            "until backward.",
+        ),
+        (
+            "lesson8",
+            "q_hsdp_why",
+            "Because the reduce-scatters and all-gathers of the shard group then happen inside one "
+            "node.",
+        ),
+        # a noun phrase is no condition: '自己那个小 batch' says nothing about when to sync
+        (
+            "lesson6",
+            "q_bn_sync",
+            "每个 rank 拿自己那个小 batch 算均值和方差，"
+            "和全局的不一样，所以输出和梯度都和单卡不同。",
+        ),
+        # loose words for the heavy traffic: 'the communication' is not the all-gathers
+        (
+            "lesson8",
+            "q_hsdp_why",
+            "The network between nodes is slow, so we keep the communication inside the node.",
+        ),
+    ],
+)
 def test_each_key_idea_needs_its_own_evidence(lesson, qid, answer):
     r = quizzes.grade(lesson, qid, answer, "zh" if claims.CJK_RE.search(answer) else "en")
-    assert r.verdict == "wrong" and r.details["reason"] == "partial" and r.details["missing"], r.feedback
+    assert r.verdict == "wrong" and r.details["reason"] == "partial" and r.details["missing"], (
+        r.feedback
+    )
 
 
-@pytest.mark.parametrize("answer,verdict", [
-    # a frame announces what follows, an elliptic denial repeats the statement before it: both read
-    ("What differs is the fate of the gathered weights. FULL_SHARD drops them after forward and gathers them "
-     "again in backward; SHARD_GRAD_OP does not.", "correct"),
-    ("区别在于前向之后参数怎么处理。FULL_SHARD 前向后释放参数、反向再 all-gather 一次；SHARD_GRAD_OP 则不会。", "correct"),
-    # a frame that names a subject states something about it: not a frame
-    ("The key is that SHARD_GRAD_OP compresses its parameters. FULL_SHARD drops them after forward and gathers them "
-     "again in backward.", "unsure"),
-])
+@pytest.mark.parametrize(
+    "answer,verdict",
+    [
+        # a frame announces what follows, an elliptic denial repeats the statement before it: both
+        # read
+        (
+            "What differs is the fate of the gathered weights. FULL_SHARD drops them after forward "
+            "and gathers them again in backward; SHARD_GRAD_OP does not.",
+            "correct",
+        ),
+        (
+            "区别在于前向之后参数怎么处理。FULL_SHARD 前向后释放参数、反向再 all-gather "
+            "一次；SHARD_GRAD_OP 则不会。",
+            "correct",
+        ),
+        # a frame that names a subject states something about it: not a frame
+        (
+            "The key is that SHARD_GRAD_OP compresses its parameters. FULL_SHARD drops them after "
+            "forward and gathers them again in backward.",
+            "unsure",
+        ),
+    ],
+)
 def test_frames_and_elliptic_denials_are_read(answer, verdict):
-    r = quizzes.grade("lesson1", "q_full_vs_shard_grad_op", answer, "zh" if claims.CJK_RE.search(answer) else "en")
+    r = quizzes.grade(
+        "lesson1", "q_full_vs_shard_grad_op", answer, "zh" if claims.CJK_RE.search(answer) else "en"
+    )
     assert r.verdict == verdict, r.feedback
 
 
 def test_a_statement_in_the_course_vocabulary_is_checked_whatever_the_question_topic():
     """An added sentence about activations under a question about wrapping is still checked."""
-    r = quizzes.grade("lesson2", "q_why_wrap_per_block",
-                      "每个 block 算完就释放参数，所以峰值只有一两个 block，下一个 block 还能提前 all-gather。"
-                      "另外这样每个 rank 只需要存 1/N 的激活。", "zh")
+    r = quizzes.grade(
+        "lesson2",
+        "q_why_wrap_per_block",
+        "每个 block 算完就释放参数，所以峰值只有一两个 block，下一个 block 还能提前 all-gather。"
+        "另外这样每个 rank 只需要存 1/N 的激活。",
+        "zh",
+    )
     assert r.verdict == "unsure" and "1/N" in r.details["unread"][0], r.feedback
-    assert quizzes.grade("lesson2", "q_why_wrap_per_block",
-                         "Each block is gathered, used and freed in turn, so the peak is about one block, and the next "
-                         "block is prefetched. I learned this yesterday.").verdict == "correct"
+    assert (
+        quizzes.grade(
+            "lesson2",
+            "q_why_wrap_per_block",
+            "Each block is gathered, used and freed in turn, so the peak is about one block, and "
+            "the next block is prefetched. I learned this yesterday.",
+        ).verdict
+        == "correct"
+    )
 
 
-@pytest.mark.parametrize("answer,lang", [
-    ("Sync BatchNorm when the per-rank batch is large, because each rank normalises with its own micro-batch's "
-     "statistics, not the global batch's.", "en"),
-    ("每个 rank 的 batch 很大的时候才需要同步 BN，因为各 rank 用自己微批的均值方差；batch 小的时候各 rank 的统计量跟全局差不多。", "zh"),
-])
+@pytest.mark.parametrize(
+    "answer,lang",
+    [
+        (
+            "Sync BatchNorm when the per-rank batch is large, because each rank normalises with "
+            "its own micro-batch's statistics, not the global batch's.",
+            "en",
+        ),
+        (
+            "每个 rank 的 batch 很大的时候才需要同步 BN，因为各 rank 用自己微批的均值方差；batch "
+            "小的时候各 rank 的统计量跟全局差不多。",
+            "zh",
+        ),
+    ],
+)
 def test_the_batch_size_condition_the_wrong_way_round_is_wrong(answer, lang):
     r = quizzes.grade("lesson6", "q_bn_sync", answer, lang)
     assert r.verdict == "wrong" and r.details["false"], r.feedback
@@ -467,29 +802,52 @@ def test_the_batch_size_condition_the_wrong_way_round_is_wrong(answer, lang):
 
 def test_a_clause_after_a_comma_is_not_read_by_the_phrasing_before_it():
     q = quizzes.load_bank("lesson0").question("q_torchrun_setup")
-    reading = claims.read_answer("It starts one process per GPU and restarts them, sets RANK, LOCAL_RANK and WORLD_SIZE, "
-                                 "and MASTER_ADDR for the rendezvous, and it also copies the model to every GPU.", q.secret)
-    assert any("[and it also copies the model to every gpu] about the topic" in t for t in reading.trace), reading.trace
+    reading = claims.read_answer(
+        "It starts one process per GPU and restarts them, sets RANK, LOCAL_RANK and WORLD_SIZE, "
+        "and MASTER_ADDR for the rendezvous, and it also copies the model to every GPU.",
+        q.secret,
+    )
+    assert any(
+        "[and it also copies the model to every gpu] about the topic" in t for t in reading.trace
+    ), reading.trace
 
 
 def test_a_subject_in_a_relative_clause_is_not_the_subject():
     """'what you pass' names YOU inside a relative clause: the statement is about LOCAL_RANK."""
-    r = quizzes.grade("lesson0", "q_torchrun_setup",
-                      "torchrun starts one process per GPU on each node and restarts it when it fails. Each process "
-                      "finds RANK, LOCAL_RANK and WORLD_SIZE in its environment, and MASTER_ADDR and MASTER_PORT say "
-                      "where to rendezvous. LOCAL_RANK is what you hand to torch.cuda.set_device.")
+    r = quizzes.grade(
+        "lesson0",
+        "q_torchrun_setup",
+        "torchrun starts one process per GPU on each node and restarts it when it fails. Each "
+        "process finds RANK, LOCAL_RANK and WORLD_SIZE in its environment, and MASTER_ADDR and "
+        "MASTER_PORT say where to rendezvous. LOCAL_RANK is what you hand to "
+        "torch.cuda.set_device.",
+    )
     assert r.verdict != "wrong" and not r.details["false"], r.feedback
 
 
-@pytest.mark.parametrize("lesson,qid,answer,lang", [
-    # the one an action is done for is not its subject ('帮你', 'for you')
-    ("lesson0", "q_torchrun_setup", "torchrun 帮你把活都干了：每个节点每张卡起一个进程，挂了会重启。每个进程的身份是通过环境变量传进去的"
-                                    "（RANK、LOCAL_RANK、WORLD_SIZE），MASTER_ADDR 和 MASTER_PORT 用来会合。", "zh"),
-    # a bottleneck of memory is not a slow network
-    ("lesson3", "q_when_worth_it", "no_sync skips K-1 of the K reduce-scatters, but every rank holds the full unsharded "
-                                   "gradient meanwhile. Worth it on a slow network with a large K; not worth it when "
-                                   "memory is the bottleneck.", "en"),
-])
+@pytest.mark.parametrize(
+    "lesson,qid,answer,lang",
+    [
+        # the one an action is done for is not its subject ('帮你', 'for you')
+        (
+            "lesson0",
+            "q_torchrun_setup",
+            "torchrun 帮你把活都干了：每个节点每张卡起一个进程，挂了会重启。"
+            "每个进程的身份是通过环境变量传进去的（RANK、LOCAL_RANK、WORLD_SIZE），"
+            "MASTER_ADDR 和 MASTER_PORT 用来会合。",
+            "zh",
+        ),
+        # a bottleneck of memory is not a slow network
+        (
+            "lesson3",
+            "q_when_worth_it",
+            "no_sync skips K-1 of the K reduce-scatters, but every rank holds the full unsharded "
+            "gradient meanwhile. Worth it on a slow network with a large K; not worth it when "
+            "memory is the bottleneck.",
+            "en",
+        ),
+    ],
+)
 def test_right_answers_that_once_read_as_false(lesson, qid, answer, lang):
     r = quizzes.grade(lesson, qid, answer, lang)
     assert r.verdict != "wrong" and not r.details["false"], r.feedback
@@ -497,35 +855,56 @@ def test_right_answers_that_once_read_as_false(lesson, qid, answer, lang):
 
 def test_what_a_colon_introduces_completes_the_clause():
     q = quizzes.load_bank("lesson0").question("q_torchrun_setup")
-    reading = claims.read_answer("For every process it fills in the environment: RANK, LOCAL_RANK and WORLD_SIZE.", q.secret)
+    reading = claims.read_answer(
+        "For every process it fills in the environment: RANK, LOCAL_RANK and WORLD_SIZE.", q.secret
+    )
     assert "env" in reading.supported and not reading.unread, reading.trace
 
 
 def test_only_while_is_a_condition_not_a_new_clause():
-    assert [c.norm for c in claims.clauses("FSDP gathers a unit's weights only while it runs, but frees them after")] == \
-        ["fsdp gathers a unit's weights only while it runs", "frees them after"]
+    assert [
+        c.norm
+        for c in claims.clauses(
+            "FSDP gathers a unit's weights only while it runs, but frees them after"
+        )
+    ] == ["fsdp gathers a unit's weights only while it runs", "frees them after"]
 
 
 def test_elliptic_denial_with_an_apostrophe():
-    r = quizzes.grade("lesson6", "q_ddp_hides_init",
-                      "DDP broadcasts rank 0's parameters in its constructor, so all ranks start the same. FSDP doesn't; "
-                      "each rank keeps the shard of its own init, so the gathered model mixes the ranks' inits.")
+    r = quizzes.grade(
+        "lesson6",
+        "q_ddp_hides_init",
+        "DDP broadcasts rank 0's parameters in its constructor, so all ranks start the same. FSDP "
+        "doesn't; each rank keeps the shard of its own init, so the gathered model mixes the "
+        "ranks' inits.",
+    )
     assert r.verdict == "correct", r.feedback
 
 
 def test_a_modal_makes_a_requirement_not_a_state():
-    """'one rank must hold the entire model' is what a full state dict needs, not a claim that a rank holds it."""
-    r = quizzes.grade("lesson4", "q_why_not_torch_save",
-                      "Each rank owns only a slice of every parameter. A full state dict is a gather every rank has "
-                      "to join, and then one rank must hold the entire model in memory; DCP saves the slices with "
-                      "metadata and loads them on another world size.")
+    """'one rank must hold the entire model' is what a full state dict needs, not a claim that
+    a rank holds it."""
+    r = quizzes.grade(
+        "lesson4",
+        "q_why_not_torch_save",
+        "Each rank owns only a slice of every parameter. A full state dict is a gather every rank "
+        "has to join, and then one rank must hold the entire model in memory; DCP saves the slices "
+        "with metadata and loads them on another world size.",
+    )
     assert r.verdict != "wrong" and not r.details["false"], r.feedback
-    r = quizzes.grade("lesson4", "q_why_not_torch_save", "Every rank holds the entire model, so torch.save just works.")
+    r = quizzes.grade(
+        "lesson4",
+        "q_why_not_torch_save",
+        "Every rank holds the entire model, so torch.save just works.",
+    )
     assert r.verdict == "wrong" and r.details["false"], r.feedback
 
 
 def test_a_clause_about_the_alternative_denies_nothing():
-    r = quizzes.grade("lesson6", "q_bn_sync",
-                      "Sync them when the per-rank batch is small: otherwise every rank normalises with its own "
-                      "micro-batch's mean and variance, not the global batch's, so the outputs differ.")
+    r = quizzes.grade(
+        "lesson6",
+        "q_bn_sync",
+        "Sync them when the per-rank batch is small: otherwise every rank normalises with its own "
+        "micro-batch's mean and variance, not the global batch's, so the outputs differ.",
+    )
     assert r.verdict == "correct", r.feedback

@@ -2,6 +2,7 @@
 (tests/data/quiz_corpus/<lesson>.json): every label must hold, and a bank's open question
 without a corpus of at least 15 correct and 15 wrong answers fails. New banks are found
 automatically."""
+
 import json
 import re
 from pathlib import Path
@@ -20,7 +21,9 @@ LESSONS = sorted(p.stem for p in BANK_DIR.glob("*.json"))
 
 
 def open_questions():
-    return [(lesson, q.id) for lesson in LESSONS for q in quizzes.load_bank(lesson) if q.type == "open"]
+    return [
+        (lesson, q.id) for lesson in LESSONS for q in quizzes.load_bank(lesson) if q.type == "open"
+    ]
 
 
 def corpus_items(lesson, qid):
@@ -42,7 +45,11 @@ def labelled_answers():
         for n, item in enumerate(corpus_items(lesson, qid) or []):
             if item.get("source") == PSEUDO_HELDOUT:
                 continue
-            params.append(pytest.param(lesson, qid, item, id=f"{lesson}-{qid}-{n:02d}-{item['label']}-{item['kind']}"))
+            params.append(
+                pytest.param(
+                    lesson, qid, item, id=f"{lesson}-{qid}-{n:02d}-{item['label']}-{item['kind']}"
+                )
+            )
     return params
 
 
@@ -53,8 +60,10 @@ def test_there_are_open_questions():
 @pytest.mark.parametrize("lesson,qid", open_questions())
 def test_every_open_question_has_a_full_corpus(lesson, qid):
     items = corpus_items(lesson, qid)
-    assert items is not None, (f"{lesson} {qid}: no labelled corpus in {CORPUS_DIR / (lesson + '.json')} "
-                               "(see quizzes/README.md, 'Labelled corpus')")
+    assert items is not None, (
+        f"{lesson} {qid}: no labelled corpus in {CORPUS_DIR / (lesson + '.json')} "
+        "(see quizzes/README.md, 'Labelled corpus')"
+    )
     correct = [i for i in items if i["label"] == "correct"]
     wrong = [i for i in items if i["label"] == "wrong"]
     assert len(correct) >= MIN_EACH and len(wrong) >= MIN_EACH, (len(correct), len(wrong))
@@ -76,7 +85,9 @@ def test_corpus_label(lesson, qid, item):
     if item["label"] == "correct":
         assert r.verdict in ("correct", "unsure"), f"{item['answer']!r}\n{r.details}\n{r.feedback}"
     else:
-        assert r.verdict in ("wrong", "unsure") and r.score < 1.0, f"{item['answer']!r}\n{r.details}\n{r.feedback}"
+        assert r.verdict in ("wrong", "unsure") and r.score < 1.0, (
+            f"{item['answer']!r}\n{r.details}\n{r.feedback}"
+        )
         if item["kind"] in corpus.NAMES_A_MISCONCEPTION:
             assert r.verdict == "wrong" and r.details["false"], r.details
             assert ("你写道：「" if item["lang"] == "zh" else "You wrote: «") in r.feedback
@@ -95,7 +106,9 @@ def test_pseudo_heldout_matrix(capsys):
     """The first held-out round (216 answers) as the rules of round 2 left it, measured before the
     round-2 held-out set was opened (quizzes/README.md, 'Measured'): a rule change that makes it
     worse than that fails here."""
-    graded = [g for g in corpus.grade_corpus([CORPUS_DIR]) if g.item.get("source") == PSEUDO_HELDOUT]
+    graded = [
+        g for g in corpus.grade_corpus([CORPUS_DIR]) if g.item.get("source") == PSEUDO_HELDOUT
+    ]
     text, _ = corpus.report(graded, "pseudo-held-out (held-out round 1)")
     with capsys.disabled():
         print("\n" + text)
@@ -114,10 +127,13 @@ def test_every_open_question_has_a_heldout_set(lesson, qid):
     assert len(items) >= 24 and {i["lang"] for i in items} == {"en", "zh"}
 
 
-@pytest.mark.xfail(strict=True, reason="held-out round 2, measured once at 03:45 UTC after round 2's rules "
-                                       "(quizzes/README.md, 'Measured'): wrong graded correct 8.7% (at most 2%), right "
-                                       "graded wrong 11.1% (at most 5%), right graded unsure 34.4% (at most 30%) fail; "
-                                       "wrong graded wrong 77.8% passes. Strict: passing turns this red until it is re-armed")
+@pytest.mark.xfail(
+    strict=True,
+    reason="held-out round 2, measured once at 03:45 UTC after round 2's rules "
+    "(quizzes/README.md, 'Measured'): wrong graded correct 8.7% (at most 2%), right "
+    "graded wrong 11.1% (at most 5%), right graded unsure 34.4% (at most 30%) fail; "
+    "wrong graded wrong 77.8% passes. Strict: passing turns this red until it is re-armed",
+)
 def test_heldout_targets(capsys):
     """Issue 21's targets on the held-out set, which the rules were never tuned on."""
     graded = corpus.grade_corpus([HELDOUT_DIR])
