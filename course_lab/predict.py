@@ -278,8 +278,8 @@ class _HiddenBlock:
             ""
             if done
             else (
-                "<span style='color:#6b7280'>&#128274; more of this cell's output is hidden until you "
-                f"lock in: <i>{waiting}</i></span>"
+                "<span style='color:#6b7280'>&#128274; more of this cell's output is hidden "
+                f"until you lock in: <i>{waiting}</i></span>"
             )
         )
 

@@ -4,7 +4,8 @@ locked in, and a launch cell shows its progress while the ranks run.
 
 JupyterLab as ``python -m course_lab.screenshots`` starts it (lab.sh serving a copy of the
 notebooks, every cell rendered so a whole notebook can be read), in headless Debian Chromium driven
-by Playwright (tests/test_browser.py's ``browser`` fixture: skipped, saying why, without them). The lessons' launches are the test run's shared ones (COURSE_RUN_CACHE), so a lesson whose
+by Playwright (tests/test_browser.py's ``browser`` fixture: skipped, saying why, without them).
+The lessons' launches are the test run's shared ones (COURSE_RUN_CACHE), so a lesson whose
 notebook test ran first costs only its own cells here.
 """
 

@@ -85,9 +85,9 @@ def test_the_fold_replaces_the_progress_and_keeps_the_full_command(monkeypatch):
 
 
 def test_lesson8_background_jobs_get_the_same_progress_and_fold(monkeypatch):
-    """Lesson 8's background jobs (not run_lesson) draw the same live progress while they run, then fold."""
+    """Lesson 8's background jobs (not run_lesson) draw the same live progress while they run,
+    then fold."""
     import os
-    from pathlib import Path
 
     jobs = lesson_script(8, "jobs")
 

@@ -118,7 +118,8 @@ def unprinted_numbers(nb) -> list[str]:
 # pages that rest on its runs. A number the question itself gives (in its prompt or options) is
 # data, not a claim; arithmetic on it goes in `code`, like the notebooks' formulas.
 DOCS_OF_NOTEBOOK = {"08_troubleshooting": ["docs/troubleshooting.md", "docs/ecosystem.md"]}
-# Lessons whose quiz explanations are held to it (lessons 0-5's: not yet, their truth pass is separate).
+# Lessons whose quiz explanations are held to it (lessons 0-5's: not yet, their truth pass is
+# separate).
 QUIZ_CHECKED = ("06_silent_bugs", "07_memory", "08_troubleshooting")
 
 
