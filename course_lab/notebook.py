@@ -41,6 +41,7 @@ RUN_CACHE_ENV = "COURSE_RUN_CACHE"
 class LessonRun:
     """A finished launch: exit code, what a learner saw (stdout and stderr as they came),
     stderr alone, and the metrics the script wrote (None when it wrote none)."""
+
     command: list[str]
     returncode: int
     stdout: str
@@ -70,16 +71,27 @@ def lesson_env(nproc: int | str | None, extra: dict | None = None) -> dict:
     return env
 
 
-def run_command(args: list[str], env: dict | None = None, echo: bool = True,
-                cwd: Path | None = None, timeout: float | None = None,
-                progress: LaunchProgress | None = None) -> LessonRun:
+def run_command(
+    args: list[str],
+    env: dict | None = None,
+    echo: bool = True,
+    cwd: Path | None = None,
+    timeout: float | None = None,
+    progress: LaunchProgress | None = None,
+) -> LessonRun:
     """Run ``args``; print its output as it comes when ``echo``; return it as a LessonRun
     (``stdout`` holds both streams in the order they came, ``stderr`` stderr alone).
     ``progress`` sees every line and is redrawn from this thread while the command runs."""
     started = time.monotonic()
-    proc = subprocess.Popen([str(a) for a in args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=cwd or REPO,
-                            bufsize=1)
+    proc = subprocess.Popen(
+        [str(a) for a in args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=cwd or REPO,
+        bufsize=1,
+    )
     merged: list[str] = []
     errors: list[str] = []
     lock = threading.Lock()
@@ -95,8 +107,10 @@ def run_command(args: list[str], env: dict | None = None, echo: bool = True,
                 if echo:
                     print(line, end="", flush=True)
 
-    readers = [threading.Thread(target=pump, args=(proc.stdout, None), daemon=True),
-               threading.Thread(target=pump, args=(proc.stderr, errors), daemon=True)]
+    readers = [
+        threading.Thread(target=pump, args=(proc.stdout, None), daemon=True),
+        threading.Thread(target=pump, args=(proc.stderr, errors), daemon=True),
+    ]
     for reader in readers:
         reader.start()
     deadline = None if timeout is None else started + timeout
@@ -119,8 +133,14 @@ def run_command(args: list[str], env: dict | None = None, echo: bool = True,
                 progress.draw()
     for reader in readers:
         reader.join()
-    return LessonRun([str(a) for a in args], proc.returncode, "".join(merged), "".join(errors),
-                     None, seconds=round(time.monotonic() - started, 1))
+    return LessonRun(
+        [str(a) for a in args],
+        proc.returncode,
+        "".join(merged),
+        "".join(errors),
+        None,
+        seconds=round(time.monotonic() - started, 1),
+    )
 
 
 def _cache_path(lesson: int, args: list[str], nproc, extra: dict | None) -> Path | None:
@@ -131,9 +151,15 @@ def _cache_path(lesson: int, args: list[str], nproc, extra: dict | None) -> Path
     return Path(root) / f"lesson{lesson}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 
-def launch_lesson(lesson: int, *args, nproc: int | str | None = 2, env: dict | None = None,
-                  echo: bool = False, timeout: float | None = None,
-                  progress: LaunchProgress | None = None) -> LessonRun:
+def launch_lesson(
+    lesson: int,
+    *args,
+    nproc: int | str | None = 2,
+    env: dict | None = None,
+    echo: bool = False,
+    timeout: float | None = None,
+    progress: LaunchProgress | None = None,
+) -> LessonRun:
     """``NPROC=nproc bash launch/lessonN.sh *args --metrics FILE``, finished: a LessonRun.
 
     Never raises for a failed run (``returncode`` says it). Shared within a test run (module doc).
@@ -159,8 +185,9 @@ def _launch(lesson, args, nproc, env, echo, timeout, progress=None) -> LessonRun
     with tempfile.TemporaryDirectory(prefix=f"lesson{lesson}-") as tmp:
         metrics = Path(tmp) / "metrics.json"
         command = ["bash", str(launcher(lesson)), *args, "--metrics", str(metrics)]
-        run = run_command(command, env=lesson_env(nproc, env), echo=echo, timeout=timeout,
-                          progress=progress)
+        run = run_command(
+            command, env=lesson_env(nproc, env), echo=echo, timeout=timeout, progress=progress
+        )
         run.command = ["bash", f"launch/lesson{lesson}.sh", *args]
         run.nproc = None if nproc is None else str(nproc)
         if metrics.is_file():
@@ -168,8 +195,14 @@ def _launch(lesson, args, nproc, env, echo, timeout, progress=None) -> LessonRun
         return run
 
 
-def run_lesson(lesson: int, *args, nproc: int | str | None = 2, echo: bool | str = "fold",
-               check: bool = True, env: dict | None = None) -> dict | LessonRun:
+def run_lesson(
+    lesson: int,
+    *args,
+    nproc: int | str | None = 2,
+    echo: bool | str = "fold",
+    check: bool = True,
+    env: dict | None = None,
+) -> dict | LessonRun:
     """Run lesson ``lesson``'s script with ``args`` on ``nproc`` ranks; return its metrics.
 
     ``echo``: "fold" (default) shows the log folded under one line in JupyterLab (printed in
@@ -212,7 +245,7 @@ def short_command(run: LessonRun, width: int = 90) -> str:
         else:
             parts.append(shlex.quote(arg))
     text = " ".join(parts)
-    return text if len(text) <= width else text[:width - 1] + "…"
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def show_log(run: LessonRun, progress: LaunchProgress | None = None) -> None:
@@ -227,15 +260,20 @@ def show_log(run: LessonRun, progress: LaunchProgress | None = None) -> None:
         print(run.stdout, end="")
         return
     from IPython.display import HTML, display
+
     took = f", {run.seconds:.0f} s" if run.seconds is not None else ""
     mark = "&#10003;" if run.returncode == 0 else "&#10007;"
     colour = "#15803d" if run.returncode == 0 else "#b91c1c"
-    summary = (f"<span style='color:{colour}'>{mark}</span> <code>$ {html.escape(short_command(run))}"
-               f"</code> <span style='color:#6b7280'>(exit {run.returncode}{took}, {lines} lines of log"
-               " - click to open)</span>")
-    fold = HTML(f"<details class='course-launch-log'><summary>{summary}</summary>"
-                f"<pre style='white-space:pre-wrap'>$ {html.escape(command)}\n\n"
-                f"{html.escape(run.stdout)}</pre></details>")
+    summary = (
+        f"<span style='color:{colour}'>{mark}</span> <code>$ {html.escape(short_command(run))}"
+        f"</code> <span style='color:#6b7280'>(exit {run.returncode}{took}, {lines} lines of log"
+        " - click to open)</span>"
+    )
+    fold = HTML(
+        f"<details class='course-launch-log'><summary>{summary}</summary>"
+        f"<pre style='white-space:pre-wrap'>$ {html.escape(command)}\n\n"
+        f"{html.escape(run.stdout)}</pre></details>"
+    )
     if progress is not None and progress.handle is not None:
         progress.handle.update(fold)
     else:
@@ -255,6 +293,7 @@ class LaunchProgress:
 
     def __init__(self, lesson: int, args: list[str], nproc, command: list[str] | None = None):
         from IPython.display import HTML, display
+
         self.lesson, self.nproc = lesson, nproc
         self.args = args
         self.command = command  # the words to show, for a launch that is not launch/lessonN.sh
@@ -291,8 +330,9 @@ class LaunchProgress:
     def html(self) -> str:
         elapsed = time.monotonic() - self.started
         words = self.command or ["bash", f"launch/lesson{self.lesson}.sh", *self.args]
-        command = short_command(LessonRun(words, 0, "", "", None,
-                                          None if self.nproc is None else str(self.nproc)))
+        command = short_command(
+            LessonRun(words, 0, "", "", None, None if self.nproc is None else str(self.nproc))
+        )
         if self.ranks is None:
             state = f"starting {self.nproc or ''} ranks (torchrun, then torch in each process)"
         else:
@@ -302,15 +342,20 @@ class LaunchProgress:
             total = max(self.steps or 0, self.step + 1)
             run = f"run {self.runs + 1}, " if self.runs else ""
             state += f"; {run}step {self.step + 1} of {total}"
-            bar = (f"<progress value='{self.step + 1}' max='{total}' "
-                   "style='width:16em;vertical-align:middle'></progress> ")
-        return (f"<div class='course-launch-progress'><b>running</b> <code>{html.escape(command)}"
-                f"</code><br>{bar}{html.escape(state)} &middot; {elapsed:.0f} s &middot; "
-                f"{self.lines} lines of log<br><code style='color:#6b7280'>"
-                f"{html.escape(self.last[:120])}</code></div>")
+            bar = (
+                f"<progress value='{self.step + 1}' max='{total}' "
+                "style='width:16em;vertical-align:middle'></progress> "
+            )
+        return (
+            f"<div class='course-launch-progress'><b>running</b> <code>{html.escape(command)}"
+            f"</code><br>{bar}{html.escape(state)} &middot; {elapsed:.0f} s &middot; "
+            f"{self.lines} lines of log<br><code style='color:#6b7280'>"
+            f"{html.escape(self.last[:120])}</code></div>"
+        )
 
     def draw(self) -> None:
         from IPython.display import HTML
+
         if self.handle is not None:
             self.handle.update(HTML(self.html()))
 
@@ -321,10 +366,12 @@ def show_table(rows: list[dict], columns: list[str] | None = None) -> None:
         print(table(rows, columns))
         return
     from IPython.display import HTML, display
+
     columns = columns or list(rows[0])
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c, ''))}</td>" for c in columns) + "</tr>"
-                   for r in rows)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{_cell(r.get(c, ''))}</td>" for c in columns) + "</tr>" for r in rows
+    )
     display(HTML(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"))
 
 
@@ -337,7 +384,7 @@ def _cell(value) -> str:
 
 
 def mib(num_bytes: float) -> float:
-    return round(num_bytes / 2 ** 20, 3)
+    return round(num_bytes / 2**20, 3)
 
 
 def compare_prediction(guess, measured, unit: str = "", what: str = "the measurement") -> None:
@@ -347,6 +394,7 @@ def compare_prediction(guess, measured, unit: str = "", what: str = "the measure
     JupyterLab the measurement stays hidden until a guess is locked in there), or a plain value
     (None: not given) for a notebook that still asks with ``my_guess = None``."""
     from course_lab.predict import Prediction, gap_line
+
     if isinstance(guess, Prediction):
         guess.reveal(measured, unit, what)
     else:

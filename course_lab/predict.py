@@ -34,6 +34,7 @@ def _widgets_on() -> bool:
     if os.environ.get(REVEAL_ENV, "").strip() not in ("", "0"):
         return False
     from course_lab.notebook import _in_notebook
+
     if not _in_notebook():
         return False
     try:
@@ -62,8 +63,9 @@ def parse_number(text) -> float | None:
         return None
     if isinstance(text, (int, float)):
         return float(text)
-    match = re.match(r"^\s*([-+]?(?:\d[\d,_]*\.?\d*|\.\d+)(?:e[-+]?\d+)?)\s*[a-z%/ ]*$",
-                     str(text), re.IGNORECASE)
+    match = re.match(
+        r"^\s*([-+]?(?:\d[\d,_]*\.?\d*|\.\d+)(?:e[-+]?\d+)?)\s*[a-z%/ ]*$", str(text), re.IGNORECASE
+    )
     if not match:
         return None
     try:
@@ -88,8 +90,10 @@ def gap_line(guess, measured, unit: str = "", what: str = "the measurement") -> 
         said = str(guess).strip().lower()
         if said in ("true", "yes", "y", "1", "false", "no", "n", "0"):
             right = (said in ("true", "yes", "y", "1")) == measured
-            return (f"you predicted {guess}; {what}: {measured}: "
-                    f"{'right' if right else 'not this time'}")
+            return (
+                f"you predicted {guess}; {what}: {measured}: "
+                f"{'right' if right else 'not this time'}"
+            )
     elif isinstance(measured, (int, float)):
         number = parse_number(guess)
         if number is None:
@@ -99,16 +103,21 @@ def gap_line(guess, measured, unit: str = "", what: str = "the measurement") -> 
         ratio = ""
         if number > 0 and measured > 0 and max(number / measured, measured / number) >= 10:
             ratio = f", a factor {max(number / measured, measured / number):.3g} off"
-        return (f"you predicted {show(number)}{unit}; {what}: {show(measured)}{unit}; "
-                f"gap {gap:+,.4g}{unit}{rel}{ratio}")
+        return (
+            f"you predicted {show(number)}{unit}; {what}: {show(measured)}{unit}; "
+            f"gap {gap:+,.4g}{unit}{rel}{ratio}"
+        )
     elif isinstance(measured, (list, tuple, set)):
         said, got = set(_words(guess)), set(_words(measured))
         if said == got:
             return f"you predicted {show(sorted(said))}; {what}: {show(measured)}: right"
-        parts = [f"missing {', '.join(sorted(got - said))}" if got - said else "",
-                 f"not in it: {', '.join(sorted(said - got))}" if said - got else ""]
-        return (f"you predicted {show(sorted(said))}; {what}: {show(measured)}: "
-                + "; ".join(p for p in parts if p))
+        parts = [
+            f"missing {', '.join(sorted(got - said))}" if got - said else "",
+            f"not in it: {', '.join(sorted(said - got))}" if said - got else "",
+        ]
+        return f"you predicted {show(sorted(said))}; {what}: {show(measured)}: " + "; ".join(
+            p for p in parts if p
+        )
     said, got = str(guess).strip().lower(), str(measured).strip().lower()
     right = said == got or (said and said in got)
     return f"you predicted {guess}; {what}: {show(measured)}: {'right' if right else 'not quite'}"
@@ -123,9 +132,9 @@ class Prediction:
         self.guess = None
         self.measured = _UNSET
         self.measured_what = what
-        self._reveals = []   # the HTML lines the measurement cells show (widget mode)
+        self._reveals = []  # the HTML lines the measurement cells show (widget mode)
         self._input = self._button = self._status = None
-        self._hidden = []    # Output widgets of until_locked blocks that wait on this guess
+        self._hidden = []  # Output widgets of until_locked blocks that wait on this guess
         _ALL.append(self)
 
     @property
@@ -143,18 +152,28 @@ class Prediction:
     # --- the input box (the guess cell) -------------------------------------------------------
     def widget(self):
         import ipywidgets as w
+
         if self.choices:
-            self._input = w.ToggleButtons(options=[str(c) for c in self.choices], value=None,
-                                          style={"button_width": "auto"})
+            self._input = w.ToggleButtons(
+                options=[str(c) for c in self.choices], value=None, style={"button_width": "auto"}
+            )
         else:
-            self._input = w.Text(placeholder="your guess" + (f" ({self.unit})" if self.unit else ""),
-                                 layout=w.Layout(width="16em"))
-        self._button = w.Button(description="Lock in and reveal", button_style="primary",
-                                icon="lock", layout=w.Layout(width="auto"))
+            self._input = w.Text(
+                placeholder="your guess" + (f" ({self.unit})" if self.unit else ""),
+                layout=w.Layout(width="16em"),
+            )
+        self._button = w.Button(
+            description="Lock in and reveal",
+            button_style="primary",
+            icon="lock",
+            layout=w.Layout(width="auto"),
+        )
         self._button.on_click(lambda _: self.give(self._input.value))
         self._status = w.HTML()
-        question = w.HTML(f"<b>Predict:</b> {html.escape(self.what)}"
-                          + (f" <i>({html.escape(self.unit)})</i>" if self.unit else ""))
+        question = w.HTML(
+            f"<b>Predict:</b> {html.escape(self.what)}"
+            + (f" <i>({html.escape(self.unit)})</i>" if self.unit else "")
+        )
         box = w.VBox([question, w.HBox([self._input, self._button]), self._status])
         box.add_class("course-prediction")
         self._refresh()
@@ -187,6 +206,7 @@ class Prediction:
             return
         import ipywidgets as w
         from IPython.display import display
+
         shown = w.HTML()
         shown.add_class("course-reveal")
         self._reveals.append(shown)
@@ -197,12 +217,16 @@ class Prediction:
         if self.locked and self.has_measurement:
             text = f"<span style='color:#1d4ed8'>&#9654; {html.escape(self.line())}</span>"
         elif self.locked:
-            text = (f"locked in: <b>{html.escape(str(self.guess))}</b>. Run the cell that "
-                    "measures it (below).")
+            text = (
+                f"locked in: <b>{html.escape(str(self.guess))}</b>. Run the cell that "
+                "measures it (below)."
+            )
         else:
             text = ""
-        hidden = (f"<span style='color:#6b7280'>{html.escape(self.measured_what)}: <i>hidden until "
-                  "you lock in a guess in the cell above</i></span>")
+        hidden = (
+            f"<span style='color:#6b7280'>{html.escape(self.measured_what)}: <i>hidden until "
+            "you lock in a guess in the cell above</i></span>"
+        )
         for shown in self._reveals:
             shown.value = text if self.locked else hidden
         if self._status is not None:
@@ -220,10 +244,14 @@ def predict(what: str, unit: str = "", choices=None) -> Prediction:
     prediction = Prediction(what, unit, choices)
     if _widgets_on():
         from IPython.display import display
+
         display(prediction.widget())
     else:
-        print(f"Predict: {what}" + (f" ({unit})" if unit else "")
-              + (f"; one of {', '.join(map(str, choices))}" if choices else ""))
+        print(
+            f"Predict: {what}"
+            + (f" ({unit})" if unit else "")
+            + (f"; one of {', '.join(map(str, choices))}" if choices else "")
+        )
     return prediction
 
 
@@ -233,6 +261,7 @@ class _HiddenBlock:
 
     def __init__(self, predictions, outputs: list[dict]):
         import ipywidgets as w
+
         self.predictions = predictions
         self.output = w.Output()
         self.output.add_class("course-hidden-until-locked")
@@ -245,9 +274,14 @@ class _HiddenBlock:
         done = all(p.locked for p in self.predictions)
         self.output.layout.display = None if done else "none"
         waiting = "; ".join(html.escape(p.what) for p in self.predictions if not p.locked)
-        self.note.value = "" if done else (
-            "<span style='color:#6b7280'>&#128274; more of this cell's output is hidden until you "
-            f"lock in: <i>{waiting}</i></span>")
+        self.note.value = (
+            ""
+            if done
+            else (
+                "<span style='color:#6b7280'>&#128274; more of this cell's output is hidden "
+                f"until you lock in: <i>{waiting}</i></span>"
+            )
+        )
 
 
 class _Collect(io.TextIOBase):
@@ -264,8 +298,9 @@ class _Collect(io.TextIOBase):
         return len(text)
 
     def publish(self, data, metadata=None, **_):
-        self.outputs.append({"output_type": "display_data", "data": data,
-                             "metadata": metadata or {}})
+        self.outputs.append(
+            {"output_type": "display_data", "data": data, "metadata": metadata or {}}
+        )
 
 
 @contextlib.contextmanager
@@ -280,6 +315,7 @@ def until_locked(*predictions):
     from IPython import get_ipython
     from IPython.core.displaypub import CapturingDisplayPublisher
     from IPython.display import display
+
     shell = get_ipython()
     collect = _Collect()
     publisher = CapturingDisplayPublisher()
@@ -311,7 +347,9 @@ def reveal_all(require_measured: bool = True) -> list[str]:
             continue
         value = prediction.measured
         rounded = f" ({value:.3g})" if isinstance(value, float) else ""
-        lines.append(f"{prediction.measured_what}: {show(value)}{rounded}"
-                     + (f" {prediction.unit}" if prediction.unit else ""))
+        lines.append(
+            f"{prediction.measured_what}: {show(value)}{rounded}"
+            + (f" {prediction.unit}" if prediction.unit else "")
+        )
     print("\n".join(lines))
     return lines

@@ -4,9 +4,11 @@ locked in, and a launch cell shows its progress while the ranks run.
 
 JupyterLab as ``python -m course_lab.screenshots`` starts it (lab.sh serving a copy of the
 notebooks, every cell rendered so a whole notebook can be read), in headless Debian Chromium driven
-by Playwright (tests/test_browser.py's ``browser`` fixture: skipped, saying why, without them). The lessons' launches are the test run's shared ones (COURSE_RUN_CACHE), so a lesson whose
+by Playwright (tests/test_browser.py's ``browser`` fixture: skipped, saying why, without them).
+The lessons' launches are the test run's shared ones (COURSE_RUN_CACHE), so a lesson whose
 notebook test ran first costs only its own cells here.
 """
+
 from __future__ import annotations
 
 import re
@@ -14,7 +16,6 @@ from types import SimpleNamespace
 
 import nbformat
 import pytest
-from test_browser import WIDGET_FAILURES, browser  # noqa: F401  (a fixture)
 
 from course_lab.screenshots import (
     ERROR_MARK,
@@ -23,11 +24,14 @@ from course_lab.screenshots import (
     run_all_and_wait,
     wait_idle,
 )
+from test_browser import WIDGET_FAILURES, browser  # noqa: F401  (a fixture)
 
-LESSONS = {6: "lessons/06_silent_bugs/06_silent_bugs.ipynb",
-           7: "lessons/07_memory/07_memory.ipynb",
-           8: "lessons/08_troubleshooting/08_troubleshooting.ipynb",
-           9: "lessons/09_your_model/09_your_model.ipynb"}
+LESSONS = {
+    6: "lessons/06_silent_bugs/06_silent_bugs.ipynb",
+    7: "lessons/07_memory/07_memory.ipynb",
+    8: "lessons/08_troubleshooting/08_troubleshooting.ipynb",
+    9: "lessons/09_your_model/09_your_model.ipynb",
+}
 PROGRESS_NB = "lessons/00_torchrun_ddp/launch_progress_check.ipynb"
 
 
@@ -52,6 +56,7 @@ def ran(browser, server):  # noqa: F811
             results[lesson] = (page, run_all_and_wait(page))
             page.screenshot(path=str(server.tmp / f"lesson{lesson}.png"))
         return results[lesson]
+
     yield run
     for page, _ in results.values():
         page.close()
@@ -64,12 +69,16 @@ def test_run_all_ends_without_an_error_output(ran, lesson):
     text = page.locator(".jp-NotebookPanel:visible").first.inner_text()
     assert result["errors"] == 0 and ERROR_MARK not in text, (
         f"lesson {lesson}: Run All left an error output:\n"
-        + text[max(0, text.find(ERROR_MARK) - 1500):text.find(ERROR_MARK) + 1500])
+        + text[max(0, text.find(ERROR_MARK) - 1500) : text.find(ERROR_MARK) + 1500]
+    )
     assert result["not run"] == 0, f"lesson {lesson}: {result['not run']} code cells did not run"
     shown = [bad for bad in WIDGET_FAILURES if bad in text]
     assert not shown, f"lesson {lesson} shows {shown} instead of a widget"
-    broken = [line for line in page.console_lines
-              if re.search(r"Failed to load model class|Could not create a view", line)]
+    broken = [
+        line
+        for line in page.console_lines
+        if re.search(r"Failed to load model class|Could not create a view", line)
+    ]
     assert not broken, "widget errors in the browser console:\n" + "\n".join(broken)
 
 
@@ -117,11 +126,18 @@ def test_a_launch_cell_shows_progress_while_it_runs(browser, server):  # noqa: F
     every step, and the cell shows the ranks up and a step bar before the folded log."""
     from playwright.sync_api import expect
 
-    launch = ('from course_lab.notebook import run_lesson\n'
-              'm = run_lesson(0, "--steps", "40", "--log-every", "1", "--seed", "24", nproc=2)')
+    launch = (
+        "from course_lab.notebook import run_lesson\n"
+        'm = run_lesson(0, "--steps", "40", "--log-every", "1", "--seed", "24", nproc=2)'
+    )
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(launch)])
-    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
-                                  "language": "python"}}
+    nb.metadata = {
+        "kernelspec": {
+            "name": "python3",
+            "display_name": "Python 3 (ipykernel)",
+            "language": "python",
+        }
+    }
     nbformat.write(nb, server.root / PROGRESS_NB)
     page = open_notebook(browser, server.base, server.token, PROGRESS_NB)
     page.locator(".jp-Cell").first.locator(".jp-InputPrompt").first.click()

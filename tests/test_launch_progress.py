@@ -1,4 +1,5 @@
 """What a launch cell shows in JupyterLab while the ranks run, and the one line it folds under."""
+
 from __future__ import annotations
 
 import sys
@@ -41,9 +42,11 @@ def test_progress_follows_the_ranks_own_lines(monkeypatch):
 
 def test_the_progress_is_redrawn_while_the_command_runs(monkeypatch):
     p = progress(monkeypatch)
-    script = ("import time\nprint('lesson 6 | 2 ranks | gloo on cpu | steps=2', flush=True)\n"
-              "time.sleep(1.2)\nprint(' step |    loss |')\n"
-              "print('    1 |  2.0000 |      1.0 |          1.00 |     1.000')")
+    script = (
+        "import time\nprint('lesson 6 | 2 ranks | gloo on cpu | steps=2', flush=True)\n"
+        "time.sleep(1.2)\nprint(' step |    loss |')\n"
+        "print('    1 |  2.0000 |      1.0 |          1.00 |     1.000')"
+    )
     run = run_command([sys.executable, "-c", script], echo=False, progress=p)
     assert run.returncode == 0 and run.seconds >= 1.2
     assert any("2 ranks up" in shown for shown in p.handle.shown)
@@ -60,19 +63,31 @@ def test_the_folded_header_is_one_short_line():
 def test_the_fold_replaces_the_progress_and_keeps_the_full_command(monkeypatch):
     p = progress(monkeypatch, ["--variants", "a=1;b=2;c=3;d=4;e=5;f=6;g=7;h=8;i=9;j=10;k=11"])
     monkeypatch.setattr(notebook, "_in_notebook", lambda: True)
-    run = LessonRun(["bash", "launch/lesson6.sh", "--variants", "a=1;b=2;c=3;d=4;e=5;f=6;g=7;h=8;i=9;j=10;k=11"],
-                    0, "line\n", "", None, "2", seconds=3.0)
+    run = LessonRun(
+        [
+            "bash",
+            "launch/lesson6.sh",
+            "--variants",
+            "a=1;b=2;c=3;d=4;e=5;f=6;g=7;h=8;i=9;j=10;k=11",
+        ],
+        0,
+        "line\n",
+        "",
+        None,
+        "2",
+        seconds=3.0,
+    )
     notebook.show_log(run, p)
     fold = p.handle.shown[-1]
-    summary = fold[fold.index("<summary>"):fold.index("</summary>")]
+    summary = fold[fold.index("<summary>") : fold.index("</summary>")]
     assert "&lt;11 variants&gt;" in summary and "3 s" in summary and "\n" not in summary
-    assert "a=1;b=2;c=3" in fold[fold.index("</summary>"):]  # the full command, with the log
+    assert "a=1;b=2;c=3" in fold[fold.index("</summary>") :]  # the full command, with the log
 
 
 def test_lesson8_background_jobs_get_the_same_progress_and_fold(monkeypatch):
-    """Lesson 8's background jobs (not run_lesson) draw the same live progress while they run, then fold."""
+    """Lesson 8's background jobs (not run_lesson) draw the same live progress while they run,
+    then fold."""
     import os
-    from pathlib import Path
 
     jobs = lesson_script(8, "jobs")
 
@@ -85,13 +100,15 @@ def test_lesson8_background_jobs_get_the_same_progress_and_fold(monkeypatch):
     monkeypatch.setattr("IPython.display.display", display)
     monkeypatch.setattr(jobs, "_in_notebook", lambda: True)
     monkeypatch.setattr(notebook, "_in_notebook", lambda: True)
-    script = ("import time\nprint('lesson 8 | 2 ranks | gloo on cpu | steps=2', flush=True)\n"
-              "time.sleep(1.5)\nprint(' step |    loss |', flush=True)\n"
-              "print('    1 |  2.0000 |      1.0 |          1.00 |     1.000', flush=True)\n"
-              "time.sleep(1.5)")
+    script = (
+        "import time\nprint('lesson 8 | 2 ranks | gloo on cpu | steps=2', flush=True)\n"
+        "time.sleep(1.5)\nprint(' step |    loss |', flush=True)\n"
+        "print('    1 |  2.0000 |      1.0 |          1.00 |     1.000', flush=True)\n"
+        "time.sleep(1.5)"
+    )
     job = jobs.Job([sys.executable, "-c", script], dict(os.environ), shown={"NPROC": 2})
     assert job.wait(timeout=30) == 0
     shown = handles[0].shown
     assert any("2 ranks up" in s and "NPROC=2" in s for s in shown[:-1])  # live, while it ran
-    assert "course-launch-log" in shown[-1] and "exit 0" in shown[-1]     # then the fold
+    assert "course-launch-log" in shown[-1] and "exit 0" in shown[-1]  # then the fold
     assert "step 2 of 2" in "".join(shown[:-1])

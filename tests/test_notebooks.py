@@ -20,16 +20,20 @@ import pytest
 from nbclient import NotebookClient
 
 REPO = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted(p for p in (REPO / "lessons").rglob("*.ipynb")
-                   if ".ipynb_checkpoints" not in p.parts)
+NOTEBOOKS = sorted(
+    p for p in (REPO / "lessons").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts
+)
 SOLVED = "solution-check"  # marks the inserted copies of check cells
 FIGURE_CHECKS = "import course_lab.figures\ncourse_lab.figures.install_checks()"
 REVEAL_ALL = "import course_lab.predict\ncourse_lab.predict.reveal_all()"
 
 
 def exercise_tags(cell) -> list[str]:
-    return [t.split(":", 1)[1] for t in cell.get("metadata", {}).get("tags", [])
-            if t.startswith("exercise:")]
+    return [
+        t.split(":", 1)[1]
+        for t in cell.get("metadata", {}).get("tags", [])
+        if t.startswith("exercise:")
+    ]
 
 
 def is_check(cell) -> bool:
@@ -51,9 +55,11 @@ def cell_text(cell) -> str:
 # "lessons 1-5"), years, link targets, and dotted addresses or versions (127.0.0.1, 2.13.0,
 # torch 2.13).
 NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+\.\d+|\d+)(%|e[-+]?\d+)?(?![\w])")
-NOT_PROSE = re.compile(r"`[^`]*`|\$[^$]*\$|\]\([^)]*\)|<[^>]*>|\b[Ll]essons? \d+(?:\s*[-–,]\s*\d+)*"
-                       r"|\b\d+(?:\.\d+){2,}\b"  # ... and addresses or versions: 127.0.0.1, 2.13.0
-                       r"|\b(?:torch|accelerate|Python) \d+(?:\.\d+)+")
+NOT_PROSE = re.compile(
+    r"`[^`]*`|\$[^$]*\$|\]\([^)]*\)|<[^>]*>|\b[Ll]essons? \d+(?:\s*[-–,]\s*\d+)*"
+    r"|\b\d+(?:\.\d+){2,}\b"  # ... and addresses or versions: 127.0.0.1, 2.13.0
+    r"|\b(?:torch|accelerate|Python) \d+(?:\.\d+)+"
+)
 
 
 def prose_numbers(markdown: str) -> list[str]:
@@ -66,8 +72,11 @@ def prose_numbers(markdown: str) -> list[str]:
         for number, suffix in NUMBER.findall(NOT_PROSE.sub(" ", line)):
             token = number + (suffix or "")
             plain = number.replace(",", "")
-            if "." not in plain and not suffix and (len(plain) < 2 or (
-                    len(plain) == 4 and plain.startswith(("19", "20")))):
+            if (
+                "." not in plain
+                and not suffix
+                and (len(plain) < 2 or (len(plain) == 4 and plain.startswith(("19", "20"))))
+            ):
                 continue  # one digit, or a year
             found.append(token)
     return found
@@ -75,8 +84,9 @@ def prose_numbers(markdown: str) -> list[str]:
 
 def output_text(nb) -> str:
     """Everything the executed notebook printed or displayed, thousands separators removed."""
-    outputs = [out for cell in nb.cells if cell.cell_type == "code"
-               for out in cell.get("outputs", [])]
+    outputs = [
+        out for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", [])
+    ]
     # ... and what an Output widget holds: a table that waits for a prediction
     # (course_lab.predict.until_locked) is in the notebook's widget state, not in a cell.
     state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
@@ -108,7 +118,8 @@ def unprinted_numbers(nb) -> list[str]:
 # pages that rest on its runs. A number the question itself gives (in its prompt or options) is
 # data, not a claim; arithmetic on it goes in `code`, like the notebooks' formulas.
 DOCS_OF_NOTEBOOK = {"08_troubleshooting": ["docs/troubleshooting.md", "docs/ecosystem.md"]}
-# Lessons whose quiz explanations are held to it (lessons 0-5's: not yet, their truth pass is separate).
+# Lessons whose quiz explanations are held to it (lessons 0-5's: not yet, their truth pass is
+# separate).
 QUIZ_CHECKED = ("06_silent_bugs", "07_memory", "08_troubleshooting")
 
 
@@ -129,7 +140,9 @@ def quiz_texts(lesson: str) -> list[tuple[str, str, set]]:
                 for key in ("wrong", "swapped"):
                     if key in form:
                         texts[f"{item['id']} {key}"] = form[key]
-        found += [(f"{lesson} {q.id} ({where})", text["en"], given) for where, text in texts.items()]
+        found += [
+            (f"{lesson} {q.id} ({where})", text["en"], given) for where, text in texts.items()
+        ]
     return found
 
 
@@ -137,7 +150,9 @@ def unprinted_in_companions(nb, notebook: str) -> list[str]:
     """Numbers in the notebook's quiz explanations and docs pages that no output of it prints."""
     printed = output_text(nb)
     texts = quiz_texts(f"lesson{int(notebook[:2])}") if notebook in QUIZ_CHECKED else []
-    texts += [(page, (REPO / page).read_text(), set()) for page in DOCS_OF_NOTEBOOK.get(notebook, [])]
+    texts += [
+        (page, (REPO / page).read_text(), set()) for page in DOCS_OF_NOTEBOOK.get(notebook, [])
+    ]
     missing = []
     for where, text, given in texts:
         for token in prose_numbers(text):
@@ -173,8 +188,9 @@ def with_solutions_after_checks(nb) -> tuple[list, list]:
 def execute(nb, cwd: Path):
     # jupyter_client starts the "python3" kernel with this very interpreter (sys.executable);
     # the kernel inherits the suite's private progress file and its launch cache.
-    client = NotebookClient(nb, timeout=600, kernel_name="python3",
-                            resources={"metadata": {"path": str(cwd)}})
+    client = NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}
+    )
     return client.execute()
 
 
@@ -183,9 +199,11 @@ def execute(nb, cwd: Path):
 def test_notebook_runs_untouched_then_passes_with_the_solutions(path: Path):
     nb = nbformat.read(path, as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), (
-        f"{path.name} is stored with outputs: clear them (jupyter nbconvert --clear-output)")
-    nb.metadata.setdefault("kernelspec", {"name": "python3", "display_name": "Python 3",
-                                          "language": "python"})
+        f"{path.name} is stored with outputs: clear them (jupyter nbconvert --clear-output)"
+    )
+    nb.metadata.setdefault(
+        "kernelspec", {"name": "python3", "display_name": "Python 3", "language": "python"}
+    )
     originals, copies = with_solutions_after_checks(nb)
     # Every figure the notebook shows must read at a glance (course_lab.figures.check: no text
     # on top of other text, a legend where there are several series): a figure that does not
@@ -199,23 +217,30 @@ def test_notebook_runs_untouched_then_passes_with_the_solutions(path: Path):
     for cell in originals:
         text = cell_text(cell)
         assert "not attempted yet" in text and "PASS" not in text, (
-            f"{path.name}: an untouched exercise's check should say 'not attempted yet':\n{text}")
+            f"{path.name}: an untouched exercise's check should say 'not attempted yet':\n{text}"
+        )
     for cell in copies:
         text = cell_text(cell)
         assert "PASS" in text and "FAIL" not in text and "not attempted" not in text, (
-            f"{path.name}: a check cell did not pass with the solutions in:\n{text}")
+            f"{path.name}: a check cell did not pass with the solutions in:\n{text}"
+        )
     missing = unprinted_numbers(nb) + unprinted_in_companions(nb, path.stem)
-    assert not missing, (f"{path.name}: numbers stated in the text (or in its quiz's explanations, "
-                         f"or its docs pages) that no output of the notebook prints (print them "
-                         f"from the code that measured them, or drop them): {missing}")
+    assert not missing, (
+        f"{path.name}: numbers stated in the text (or in its quiz's explanations, "
+        f"or its docs pages) that no output of the notebook prints (print them "
+        f"from the code that measured them, or drop them): {missing}"
+    )
 
 
 def test_numbers_in_prose_must_be_printed():
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_markdown_cell(
-        "## 2. Lesson 3 in 2026\n1. The root holds 15,387 parameters, 3.08 MiB, rel err 6% "
-        "on 2 ranks (`--steps 20`, $16P/N$) at 127.0.0.1 with torch 2.13.0, see [x](a/12.html)."),
-        nbformat.v4.new_code_cell("")]
+    nb.cells = [
+        nbformat.v4.new_markdown_cell(
+            "## 2. Lesson 3 in 2026\n1. The root holds 15,387 parameters, 3.08 MiB, rel err 6% "
+            "on 2 ranks (`--steps 20`, $16P/N$) at 127.0.0.1 with torch 2.13.0, see [x](a/12.html)."
+        ),
+        nbformat.v4.new_code_cell(""),
+    ]
     assert prose_numbers(nb.cells[0].source) == ["15,387", "3.08", "6%"]
     nb.cells[1].outputs = [nbformat.v4.new_output("stream", text="root 15387 | 3.084 MiB\n")]
     assert unprinted_numbers(nb) == ["6%"]

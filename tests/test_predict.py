@@ -1,4 +1,5 @@
 """course_lab.predict: a guess box whose measurement stays hidden until a guess is locked in."""
+
 from __future__ import annotations
 
 import pytest
@@ -64,19 +65,22 @@ def test_outside_jupyterlab_the_line_is_printed(monkeypatch, capsys):
     assert "Predict: rows" in out and "no prediction given; rank 1's local rows: 33 rows" in out
 
 
-@pytest.mark.parametrize("guess, measured, expected", [
-    ("16", 41.4, "gap -25.4 (-61%)"),
-    ("1e-3", 0.25, "a factor 250 off"),
-    ("2,048", 2048, "gap +0 (+0%)"),
-    ("lots", 3, "'lots' is not a number"),
-    ("yes", True, "right"),
-    ("False", True, "not this time"),
-    ("broadcast, same-seed", ["same-seed", "broadcast"], ": right"),
-    ("broadcast", ["same-seed", "broadcast"], "missing same-seed"),
-    ("bfloat16", "float32", "not quite"),
-    ("Silent", "silent", "right"),
-    (None, 7, "no prediction given"),
-])
+@pytest.mark.parametrize(
+    "guess, measured, expected",
+    [
+        ("16", 41.4, "gap -25.4 (-61%)"),
+        ("1e-3", 0.25, "a factor 250 off"),
+        ("2,048", 2048, "gap +0 (+0%)"),
+        ("lots", 3, "'lots' is not a number"),
+        ("yes", True, "right"),
+        ("False", True, "not this time"),
+        ("broadcast, same-seed", ["same-seed", "broadcast"], ": right"),
+        ("broadcast", ["same-seed", "broadcast"], "missing same-seed"),
+        ("bfloat16", "float32", "not quite"),
+        ("Silent", "silent", "right"),
+        (None, 7, "no prediction given"),
+    ],
+)
 def test_gap_line(guess, measured, expected):
     assert expected in pr.gap_line(guess, measured)
 

@@ -31,7 +31,8 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 class Job:
     """A launch running in the background; every output line is kept with its arrival time."""
 
-    def __init__(self, command: list[str], env: dict, echo: bool = False, shown: dict | None = None):
+    def __init__(self, command: list[str], env: dict, echo: bool = False,
+                 shown: dict | None = None):
         self.command, self.echo = command, echo
         self.lines: list[tuple[float, str]] = []
         self.start = time.monotonic()
@@ -47,7 +48,8 @@ class Job:
             print("+ " + " ".join(words), flush=True)
         self.folded = False
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env=env, cwd=REPO, bufsize=1, start_new_session=True)
+                                     text=True, env=env, cwd=REPO, bufsize=1,
+                                     start_new_session=True)
         if getattr(_STARTING, "event", None) is not None:  # started by background(): it may go on
             _STARTING.event.set()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -184,14 +186,16 @@ def hang_and_dump(*args, timeout_s: int = 8, settle_s: float = 0.5, env: dict | 
         if len(pids) < nproc or job.last_step_time() is None:
             continue
         current = {rank: dump_stack(pid) for rank, pid in sorted(pids.items())}
-        if previous and {r: waiting_line(s) for r, s in current.items()} == previous:  # nobody moves
+        # the same waiting line on every rank as the last look: nobody moves
+        if previous and {r: waiting_line(s) for r, s in current.items()} == previous:
             stuck_at, stacks = time.monotonic() - job.start, current
             break
         previous = {r: waiting_line(s) for r, s in current.items()}
     code = job.wait(timeout=timeout_s + 60)
     hang_start = job.last_step_time()
     failed = job.first(r"error: ")
-    return {"returncode": code, "output": job.output, "stacks": {str(r): s for r, s in stacks.items()},
+    return {"returncode": code, "output": job.output,
+            "stacks": {str(r): s for r, s in stacks.items()},
             "waiting": {str(rank): waiting_line(s) for rank, s in stacks.items()},
             "hang_start_s": hang_start,
             "stacks_after_s": None if stuck_at is None else round(stuck_at - hang_start, 2),
@@ -232,10 +236,11 @@ def own_collectives(output: str) -> dict[str, dict]:
 
 
 def _report_entry(body: str) -> dict:
-    """One failure of torchrun's report, field by field; ``exception``: its traceback's last line."""
+    """One failure of torchrun's report as fields; ``exception``: its traceback's last line."""
     fields = dict(re.findall(r"^\s{2}(\w+)\s*: (.*)$", body, flags=re.M))
-    traceback_lines = [l.strip() for l in body.split("traceback :", 1)[-1].splitlines()
-                       if l.strip().strip("-")]  # not the report's ---- separator
+    after = body.split("traceback :", 1)[-1].splitlines()
+    # not the report's ---- separator
+    traceback_lines = [line.strip() for line in after if line.strip().strip("-")]
     fields["exception"] = traceback_lines[-1] if traceback_lines else ""
     return fields
 
@@ -303,13 +308,16 @@ def default_timeouts() -> list[dict]:
 
     nccl_ms = _header_constant("ProcessGroupNCCL.hpp", "kProcessGroupNCCLDefaultTimeout")
     nccl = constants.default_pg_nccl_timeout
-    nccl_s = nccl.total_seconds() if nccl is not None else (eval(nccl_ms, {}) / 1000 if nccl_ms else None)
+    header_s = eval(nccl_ms, {}) / 1000 if nccl_ms else None
+    nccl_s = nccl.total_seconds() if nccl is not None else header_s
     return [
-        {"backend": "gloo (and every non-NCCL backend)", "default": str(constants.default_pg_timeout),
+        {"backend": "gloo (and every non-NCCL backend)",
+         "default": str(constants.default_pg_timeout),
          "seconds": constants.default_pg_timeout.total_seconds(),
          "source": "torch/distributed/constants.py: default_pg_timeout"},
         {"backend": "nccl", "default": f"{nccl_s / 60:g} min" if nccl_s else "?", "seconds": nccl_s,
-         "source": f"ProcessGroupNCCL.hpp: kProcessGroupNCCLDefaultTimeout = milliseconds({nccl_ms})"},
+         "source": "ProcessGroupNCCL.hpp: kProcessGroupNCCLDefaultTimeout = "
+                   f"milliseconds({nccl_ms})"},
     ]
 
 
@@ -326,8 +334,10 @@ def nccl_error_handling_modes() -> dict:
     def holds(macro: str, mode: str) -> bool:  # evaluate "a != NoHandling && a != SkipCleanUp"
         return all(mode != other for other in re.findall(r"a != (\w+)", macros.get(macro, "")))
 
-    return {"modes": {v: {"name": name, "aborts the NCCL communicators": holds("SHOULD_CLEAN_UP", name),
-                          "tears the process down": holds("SHOULD_TEAR_DOWN", name)} for v, name in modes.items()},
+    return {"modes": {v: {"name": name,
+                          "aborts the NCCL communicators": holds("SHOULD_CLEAN_UP", name),
+                          "tears the process down": holds("SHOULD_TEAR_DOWN", name)}
+                      for v, name in modes.items()},
             "default": int(default.group(1)) if default else None}
 
 
@@ -372,19 +382,27 @@ def gloo_interface_check(names=("no-such-nic0", "lo"), world_size: int = 2) -> l
 
 # (variable, what it does, evidence key: what a run of this lesson showed, or None: NCCL only)
 KNOBS = [
-    ("TORCH_DISTRIBUTED_DEBUG=DETAIL", "checks every collective's op and shapes across ranks; names the mismatch",
+    ("TORCH_DISTRIBUTED_DEBUG=DETAIL",
+     "checks every collective's op and shapes across ranks; names the mismatch",
      "TORCH_DISTRIBUTED_DEBUG"),
-    ("TORCH_FR_BUFFER_SIZE (TORCH_NCCL_TRACE_BUFFER_SIZE)", "flight recorder: ring buffer of each process's last collectives "
+    ("TORCH_FR_BUFFER_SIZE (TORCH_NCCL_TRACE_BUFFER_SIZE)",
+     "flight recorder: ring buffer of each process's last collectives "
      "({fr_default} entries by default)",
      "TORCH_FR_BUFFER_SIZE"),
     ("GLOO_SOCKET_IFNAME", "the network interface gloo uses", "GLOO_SOCKET_IFNAME"),
-    ("NCCL_DEBUG=INFO / WARN", "NCCL's own log: topology, rings, transports (NVLink, IB, sockets), errors", None),
-    ("NCCL_SOCKET_IFNAME", "the network interface NCCL bootstraps and talks on (e.g. eth0, ^docker)", None),
-    ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "what the watchdog does on a timeout or NCCL error: one of four modes "
+    ("NCCL_DEBUG=INFO / WARN",
+     "NCCL's own log: topology, rings, transports (NVLink, IB, sockets), errors", None),
+    ("NCCL_SOCKET_IFNAME",
+     "the network interface NCCL bootstraps and talks on (e.g. eth0, ^docker)", None),
+    ("TORCH_NCCL_ASYNC_ERROR_HANDLING",
+     "what the watchdog does on a timeout or NCCL error: one of four modes "
      "(nccl_error_handling_modes() reads them and the default from the header)", None),
-    ("TORCH_NCCL_DUMP_ON_TIMEOUT", "write the flight recorder to files when a collective times out", None),
-    ("TORCH_NCCL_BLOCKING_WAIT", "wait() blocks and raises on timeout instead of the async watchdog", None),
-    ("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "the monitor thread aborts a process whose watchdog is stuck", None),
+    ("TORCH_NCCL_DUMP_ON_TIMEOUT",
+     "write the flight recorder to files when a collective times out", None),
+    ("TORCH_NCCL_BLOCKING_WAIT",
+     "wait() blocks and raises on timeout instead of the async watchdog", None),
+    ("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC",
+     "the monitor thread aborts a process whose watchdog is stuck", None),
 ]
 
 
@@ -393,9 +411,11 @@ def gpu_knobs(evidence: dict[str, bool] | None = None) -> list[dict]:
     from ``evidence`` (what this lesson's runs showed), "no" for the NCCL-only ones."""
     evidence = evidence or {}
     files = [C10D_HEADERS / "ProcessGroupNCCL.hpp", C10D_HEADERS / "FlightRecorder.hpp",
-             TORCH / "distributed" / "distributed_c10d.py", TORCH / "nn" / "parallel" / "distributed.py"]
+             TORCH / "distributed" / "distributed_c10d.py",
+             TORCH / "nn" / "parallel" / "distributed.py"]
     texts = {f.name: f.read_text(errors="replace") for f in files if f.is_file()}
-    fr_default = re.search(r'"TORCH_NCCL_TRACE_BUFFER_SIZE"\}, (\d+)\)', texts.get("FlightRecorder.hpp", ""))
+    fr_default = re.search(r'"TORCH_NCCL_TRACE_BUFFER_SIZE"\}, (\d+)\)',
+                           texts.get("FlightRecorder.hpp", ""))
     rows = []
     for variable, does, key in KNOBS:
         does = does.format(fr_default=fr_default.group(1) if fr_default else "?")
@@ -404,7 +424,8 @@ def gpu_knobs(evidence: dict[str, bool] | None = None) -> list[dict]:
         if key is None:
             verified = "no (NCCL only; no GPU here)"
         else:
-            verified = "yes, in this lesson's runs" if evidence.get(key) else "not shown by this run"
+            shown = evidence.get(key)
+            verified = "yes, in this lesson's runs" if shown else "not shown by this run"
         rows.append({"variable": variable, "what it does": does,
                      "named in torch 2.13": ", ".join(found) or "(NCCL's own variable)",
                      "verified here": verified})
@@ -469,7 +490,8 @@ def slurm_demo(state: str = "/tmp/slurm-course-lab") -> str:
     """Start the two-node local SLURM cluster, submit lesson 8's HSDP run with sbatch --wait,
     stop the cluster; return the job's log (needs root and Debian's SLURM packages)."""
     script = REPO / "launch" / "slurm" / "local_cluster.sh"
-    started = subprocess.run(["bash", str(script), "start", state], capture_output=True, text=True, timeout=60)
+    started = subprocess.run(
+        ["bash", str(script), "start", state], capture_output=True, text=True, timeout=60)
     if started.returncode != 0:
         return f"the local cluster did not start: {started.stderr.strip()}"
     env = lesson_env(None, {"SLURM_CONF": started.stdout.strip().split("=", 1)[1],
