@@ -11,6 +11,7 @@ runs compiled variants only when asked, one launch per way)."""
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import json
 import math
@@ -94,13 +95,18 @@ def unit_shapes(rows, n_layers=4):
 def test_notebook_uses_these_launches(repo_root):
     """The flags above are the notebook's, so a test run launches each once."""
     text = json.loads((repo_root / "lessons/05_fsdp2/05_fsdp2.ipynb").read_text())
-    source = "".join(
-        "".join(cell["source"]) for cell in text["cells"] if cell["cell_type"] == "code"
-    )
-    assert (
-        MAIN_VARIANTS in source
-        and '"--steps", "3", "--log-every", "3", "--variants", MAIN_VARIANTS' in source
-    )
+    cells = ["".join(cell["source"]) for cell in text["cells"] if cell["cell_type"] == "code"]
+    source = "".join(cells)
+    # The notebook's MAIN_VARIANTS, as Python reads it (its string may be wrapped over lines).
+    assigned = [
+        ast.literal_eval(node.value)
+        for cell in cells
+        for node in ast.walk(ast.parse(cell))
+        if isinstance(node, ast.Assign)
+        and any(getattr(t, "id", None) == "MAIN_VARIANTS" for t in node.targets)
+    ]
+    assert assigned == [MAIN_VARIANTS]
+    assert '"--steps", "3", "--log-every", "3", "--variants", MAIN_VARIANTS' in source
     assert '"--steps", "1", "--reshard-after-forward", "2", nproc=4' in source
     # The compile runs are optional in the notebook (one launch per way); the tests run them in one.
     assert (
