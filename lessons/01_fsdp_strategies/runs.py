@@ -1,8 +1,10 @@
 """Lesson 1's runs (what the lesson is not about): the --strategy list and the runs it and
---variants plan, the optimizer's parameter groups, where each rank's shards lie, and the tables
-rank 0 prints."""
+--variants plan, the optimizer's parameter groups, where each rank's shards lie, the theory's
+bytes, the step-0 gradient norms, and the tables rank 0 prints."""
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -11,6 +13,7 @@ from fsdp_course import theory
 from fsdp_course.config import list_flag, plan_runs
 from fsdp_course.dist import CourseError
 from fsdp_course.measure import MiB, fsdp_flat_params
+from fsdp_course.model import lm_loss
 from fsdp_course.report import table
 
 WEIGHT_DECAY = 0.01  # AdamW's default, kept for the weight matrices
@@ -131,3 +134,44 @@ def print_report(env, watched: int, measured: dict, expected: dict, comm: dict, 
                    f"to {groups['grad_spread']:.3g} in a gradient (step 0) and "
                    f"{groups['weight_spread']:.3g} "
                    "in a weight (last step)")
+
+
+def note_no_shard(env, planned: list[tuple]) -> None:
+    """torch 2.13 warns that NO_SHARD is deprecated once per FSDP unit: say it once instead."""
+    if any(strategy == "NO_SHARD" for _, strategy, _, _ in planned):
+        warnings.filterwarnings("ignore",
+                                message="The `NO_SHARD` sharding strategy is deprecated")
+        env.print0("note: torch 2.13 deprecates NO_SHARD (FutureWarning: use "
+                   "DistributedDataParallel)")
+
+
+def theory_bytes(cfg, unit_param_numels: list, env, ran: str) -> tuple[dict, dict]:
+    """What ``fsdp_course.theory`` expects for the strategy FSDP ran: this rank's bytes per
+    category (with the peak of all-gathered parameters) and the bytes of each collective."""
+    wire_bytes = 2 if cfg.mixed_precision else 4
+    flat_numels = theory.sharding.unit_flat_numels(unit_param_numels, env.world_size, ran,
+                                                   cfg.replicas, cfg.use_orig_params, wire_bytes)
+    expected = theory.sharding.rank_state_bytes(unit_param_numels, env.world_size, ran,
+                                                cfg.replicas, env.rank, cfg.use_orig_params,
+                                                compute_bytes=wire_bytes)
+    expected["gathered"] = theory.gathered_peak_bytes(flat_numels, env.world_size, ran,
+                                                      cfg.replicas, param_bytes=wire_bytes)
+    comm_expected = theory.collective_bytes(flat_numels, env.world_size, ran, cfg.replicas,
+                                            param_bytes=wire_bytes, reduce_bytes=wire_bytes)
+    return expected, comm_expected
+
+
+def grad_norms(model, reference, data, cfg, env) -> dict:
+    """The step-0 gradient norm three ways, measured, nothing clipped (``max_norm=inf`` returns
+    the norm and scales every gradient by 1): ``torch.nn.utils.clip_grad_norm_`` sees only this
+    rank's flat shards; ``FSDP.clip_grad_norm_`` all-reduces the squared shard norms into the
+    global one; one process computing the whole global batch's gradient says which is right."""
+    inf = float("inf")
+    local = torch.nn.utils.clip_grad_norm_(model.parameters(), inf).item()
+    fsdp = model.clip_grad_norm_(inf).item()  # a collective: every rank calls it
+    x, y = data.batch(0, 0, 1, cfg.batch_size * env.world_size, cfg.seq_len)
+    lm_loss(reference(x), y).backward()
+    single = torch.nn.utils.get_total_norm([p.grad for p in reference.parameters()]).item()
+    per_rank = [None] * env.world_size
+    dist.all_gather_object(per_rank, local)
+    return {"torch_nn_utils_per_rank": per_rank, "fsdp": fsdp, "single_process": single}

@@ -23,7 +23,6 @@ same launch (one torch start-up for all).
 
 import functools
 import time
-import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -51,12 +50,15 @@ from runs import (
     Strategies,
     decay_groups,
     describe_parameters,
+    grad_norms,
     hybrid_groups,
+    note_no_shard,
     plan,
     print_report,
     refused_run,
     replica_spread,
     shard_layout,
+    theory_bytes,
 )
 
 
@@ -71,8 +73,8 @@ class Config(TrainConfig):
     mixed_precision: bool = field(default=False, metadata={
         "help": "compute and communicate in bf16; the sharded master weights stay fp32"})
     use_orig_params: bool = field(default=False, metadata={
-        "help": "expose the original parameters (names, per-parameter groups) instead of flat "
-                "ones"})
+        "help": "expose the original parameters (names, per-parameter groups) instead of "
+                "flat ones"})
     sync_module_states: bool = field(default=False, metadata={
         "help": "broadcast rank 0's weights while wrapping (needs the module on a GPU)"})
     variants: tuple | None = field(default=None, metadata={
@@ -150,17 +152,8 @@ def train(cfg: Config, strategy: str, label: str, env, data) -> dict:
                    comm.total_bytes / MiB if watch else None, last=watch or step == cfg.steps - 1)
 
     # --- report: measured next to theory --------------------------------------------------
-    wire_bytes = 2 if cfg.mixed_precision else 4
     unit_numels = [sum(u) for u in unit_param_numels]
-    flat_numels = theory.sharding.unit_flat_numels(unit_param_numels, env.world_size, ran,
-                                                   cfg.replicas, cfg.use_orig_params, wire_bytes)
-    expected = theory.sharding.rank_state_bytes(unit_param_numels, env.world_size, ran,
-                                                cfg.replicas, env.rank, cfg.use_orig_params,
-                                                compute_bytes=wire_bytes)
-    expected["gathered"] = theory.gathered_peak_bytes(flat_numels, env.world_size, ran,
-                                                      cfg.replicas, param_bytes=wire_bytes)
-    comm_expected = theory.collective_bytes(flat_numels, env.world_size, ran, cfg.replicas,
-                                            param_bytes=wire_bytes, reduce_bytes=wire_bytes)
+    expected, comm_expected = theory_bytes(cfg, unit_param_numels, env, ran)
     per_rank = [None] * env.world_size
     dist.all_gather_object(per_rank, measured)  # ranks differ by where the padding falls
     factors = {"pre": model._gradient_predivide_factor, "post": model._gradient_postdivide_factor}
@@ -184,22 +177,6 @@ def train(cfg: Config, strategy: str, label: str, env, data) -> dict:
     }
 
 
-def grad_norms(model, reference, data, cfg, env) -> dict:
-    """The step-0 gradient norm three ways, measured, nothing clipped (``max_norm=inf`` returns
-    the norm and scales every gradient by 1): ``torch.nn.utils.clip_grad_norm_`` sees only this
-    rank's flat shards; ``FSDP.clip_grad_norm_`` all-reduces the squared shard norms into the
-    global one; one process computing the whole global batch's gradient says which is right."""
-    inf = float("inf")
-    local = torch.nn.utils.clip_grad_norm_(model.parameters(), inf).item()
-    fsdp = model.clip_grad_norm_(inf).item()  # a collective: every rank calls it
-    x, y = data.batch(0, 0, 1, cfg.batch_size * env.world_size, cfg.seq_len)
-    lm_loss(reference(x), y).backward()
-    single = torch.nn.utils.get_total_norm([p.grad for p in reference.parameters()]).item()
-    per_rank = [None] * env.world_size
-    dist.all_gather_object(per_rank, local)
-    return {"torch_nn_utils_per_rank": per_rank, "fsdp": fsdp, "single_process": single}
-
-
 def main() -> None:
     cfg = parse_config(Config, __doc__)
     with distributed(seed=cfg.seed) as env:
@@ -207,17 +184,11 @@ def main() -> None:
         planned = plan(cfg, env.world_size)  # (config, strategy, label, variant): all checked first
         env.print0(f"lesson 1 | {env.world_size} ranks | {env.backend} on {env.device.type} | "
                    f"{describe(cfg)}")
-        if any(strategy == "NO_SHARD" for _, strategy, _, _ in planned):  # warned per unit: once
-            warnings.filterwarnings("ignore",
-                                    message="The `NO_SHARD` sharding strategy is deprecated")
-            env.print0("note: torch 2.13 deprecates NO_SHARD (FutureWarning: use "
-                       "DistributedDataParallel)")
+        note_no_shard(env, planned)  # torch warns once per FSDP unit: said once here instead
         data = load_data(cfg.data, seed=cfg.seed)
 
-        runs = [train(c, strategy, label, env, data) for c, strategy, label, variant in planned
-                if not variant]
-        more = [train(c, strategy, label, env, data) for c, strategy, label, variant in planned
-                if variant]
+        runs = [train(c, strategy, label, env, data) for c, strategy, label, v in planned if not v]
+        more = [train(c, strategy, label, env, data) for c, strategy, label, v in planned if v]
 
         if env.device.type == "cuda":
             runs[-1]["cuda_max_allocated"] = torch.cuda.max_memory_allocated(env.device)
