@@ -54,6 +54,16 @@ def held_grad_bytes(model: nn.Module) -> dict:
     return {"sharded": sharded, "unsharded": unsharded}
 
 
+def counting(loss_fn, model: nn.Module, held: dict):
+    """``loss_fn``, which first records in ``held`` the most gradient bytes of each kind that
+    ``model`` holds: it runs between one micro-batch's backward and the next."""
+    def counting_loss(logits, targets):
+        for kind, value in held_grad_bytes(model).items():
+            held[kind] = max(held[kind], value)
+        return loss_fn(logits, targets)
+    return counting_loss
+
+
 def _fsdp1_unit_prefixes(model: nn.Module):
     """(FQN prefix in the unwrapped model, flat parameter) for each classic FSDP unit."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP

@@ -10,10 +10,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+import torch.distributed as dist
+
+from fsdp_course import theory
 from fsdp_course.config import int_at_least, list_flag, plan_runs
 from fsdp_course.dist import CourseError
 from fsdp_course.measure import MiB
-from fsdp_course.report import table
+from fsdp_course.report import table, unwatched_ms
 
 APIS = ("fsdp1", "fsdp2")
 BUGS = ("none", "no-sync-last")
@@ -88,6 +91,34 @@ def print_header(env, api: str, sizes: list[int], no_sync: bool, bug: str,
     uneven = f" of {' + '.join(map(str, sizes))} sequences" if len(set(sizes)) > 1 else ""
     env.print0(f"\n== {api}, K={len(sizes)}: "
                f"{what}{uneven}{', your accumulate()' if loop_file else ''} ==")
+
+
+def report_run(env, run: dict, check: dict, held_between: dict, held_after: dict,
+               collectives: dict, history: list, tolerance: float) -> dict:
+    """One run's result, its check printed: ``run`` (what ran), every rank's step-0 check and
+    gradients held, the step's collective bytes and gradients held against theory, and the loss
+    and time history."""
+    per_rank = [None] * env.world_size
+    dist.all_gather_object(per_rank, {"rank": env.rank, **check, "held_between": dict(held_between),
+                                      "held_after": held_after, "step_error": run["step_error"]})
+    padded, accum, no_sync = run["padded_numel"], run["accum"], run["no_sync"]
+    result = {
+        **run, "ranks": per_rank, "grads_equal": all(r["equal"] for r in per_rank),
+        "collectives": collectives,
+        "reduce_bytes": collectives.get("reduce_scatter", {}).get("bytes", 0),
+        "reduce_bytes_theory": theory.accumulation.reduce_bytes_per_step(padded, accum, no_sync,
+                                                                         world_size=env.world_size),
+        "gather_bytes": collectives.get("all_gather", {}).get("bytes", 0),
+        **{f"held_between_{kind}": max(r["held_between"][kind] for r in per_rank)
+           for kind in held_between},
+        "held_theory": theory.accumulation.held_grad_bytes_theory(run["num_params"], padded,
+                                                                  env.world_size,
+                                                                  no_sync) if accum > 1 else 0,
+        "ms_per_step": unwatched_ms(history), "history": history,
+        "loss_first": history[0]["loss"], "loss_last": history[-1]["loss"],
+    }
+    print_check(env, result, run["micro_batch_sizes"], tolerance)
+    return result
 
 
 def held_mib(held: dict) -> float:

@@ -21,7 +21,6 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
@@ -34,7 +33,7 @@ from fsdp_course.dist import distributed, mean_over_ranks
 from fsdp_course.learner import load_learner
 from fsdp_course.measure import CommCounter, MiB, state_bytes
 from fsdp_course.model import GPT, Block, lm_loss
-from fsdp_course.report import MetricLogger, unwatched_ms, write_metrics
+from fsdp_course.report import MetricLogger, write_metrics
 from runs import (
     VARIANTS_HELP,
     Apis,
@@ -43,9 +42,9 @@ from runs import (
     Sizes,
     Switches,
     planned_runs,
-    print_check,
     print_header,
     print_summary,
+    report_run,
 )
 
 
@@ -53,24 +52,20 @@ from runs import (
 class Config(TrainConfig):
     accum: Counts = field(default=Counts("4"), metadata={
         "help": "micro-batches per optimizer step (K): " + Counts.expected})
-    no_sync: Switches = field(default=Switches("on"), metadata={
-        "help": "on: no gradient sync but on the last micro-batch; off: sync every one; on,off: "
-                "both"})
-    api: Apis = field(default=Apis("fsdp1"), metadata={
-        "help": "fsdp1 (FullyShardedDataParallel + no_sync), fsdp2 (fully_shard + "
-                "set_requires_gradient_sync), or fsdp1,fsdp2"})
+    no_sync: Switches = field(default=Switches("on"), metadata={"help": "on: no gradient sync "
+        "but on the last micro-batch; off: sync every one; on,off: both"})
+    api: Apis = field(default=Apis("fsdp1"), metadata={"help": "fsdp1 (FullyShardedDataParallel "
+        "+ no_sync), fsdp2 (fully_shard + set_requires_gradient_sync), or fsdp1,fsdp2"})
     bug: Bugs = field(default=Bugs("none"), metadata={
         "help": "no-sync-last: skip the sync on the last micro-batch too; none,no-sync-last: both"})
-    loop_file: str | None = field(default=None, metadata={
-        "help": "a .py file defining accumulate(model, micro_batches, loss_fn): used instead of "
-                "ours"})
+    loop_file: str | None = field(default=None, metadata={"help": "a .py file defining "
+        "accumulate(model, micro_batches, loss_fn): used instead of ours"})
     tolerance: float = field(default=1e-5,
                              metadata={"help": "equal: max|g - g_ref| <= this * max|g_ref|"})
     steps: int = field(default=10, metadata={"help": "optimizer steps"})
     batch_size: int = field(default=8, metadata={"help": "sequences per rank per micro-batch"})
-    last_batch_size: Sizes = field(default=Sizes("0"), metadata={
-        "help": "sequences per rank in the last micro-batch of a step (0: --batch-size): "
-                + Sizes.expected})
+    last_batch_size: Sizes = field(default=Sizes("0"), metadata={"help": "sequences per rank in "
+        "the last micro-batch of a step (0: --batch-size): " + Sizes.expected})
     variants: tuple | None = field(default=None, metadata={
         "parse": parse_variants, "metavar": "'FLAG=V,FLAG=V;...'", "help": VARIANTS_HELP})
 
@@ -127,11 +122,7 @@ def train(cfg: Config, api: str, sizes: tuple, no_sync: bool, bug: str, env, dat
 
     # loss_fn runs between one micro-batch's backward and the next: count the gradients carried.
     held_between = {"sharded": 0, "unsharded": 0}
-
-    def counting_loss(logits, targets):
-        for kind, value in accumulation.held_grad_bytes(model).items():
-            held_between[kind] = max(held_between[kind], value)
-        return lm_loss(logits, targets)
+    counting_loss = accumulation.counting(lm_loss, model, held_between)
 
     # --- loop -------------------------------------------------------------------------------
     print_header(env, api, sizes, no_sync, bug, cfg.loop_file)
@@ -139,8 +130,7 @@ def train(cfg: Config, api: str, sizes: tuple, no_sync: bool, bug: str, env, dat
     step_error = None
     for step in range(cfg.steps):
         micro_batches = [data.batch(step * accum + i, env.rank, env.world_size, n, cfg.seq_len,
-                                    env.device)
-                         for i, n in enumerate(sizes)]
+                                    env.device) for i, n in enumerate(sizes)]
         watch = step == 0  # the instruments slow a step: they watch step 0, left out of ms/step
         start = time.perf_counter()
         with CommCounter() if watch else nullcontext() as comm:
@@ -177,28 +167,10 @@ def train(cfg: Config, api: str, sizes: tuple, no_sync: bool, bug: str, env, dat
             break
 
     # --- report: every rank's gradient check and memory; bytes against theory ----------------
-    per_rank = [None] * env.world_size
-    dist.all_gather_object(per_rank, {"rank": env.rank, **check, "held_between": dict(held_between),
-                                      "held_after": grads, "step_error": step_error})
-    result = {
-        "api": api, "accum": accum, "no_sync": no_sync, "bug": bug, "num_params": num_params,
-        "padded_numel": padded, "micro_batch_sizes": sizes, "step_error": step_error,
-        "ranks": per_rank, "grads_equal": all(r["equal"] for r in per_rank),
-        "collectives": collectives,
-        "reduce_bytes": collectives.get("reduce_scatter", {}).get("bytes", 0),
-        "reduce_bytes_theory": theory.accumulation.reduce_bytes_per_step(padded, accum, no_sync,
-                                                                         world_size=env.world_size),
-        "gather_bytes": collectives.get("all_gather", {}).get("bytes", 0),
-        **{f"held_between_{kind}": max(r["held_between"][kind] for r in per_rank)
-           for kind in held_between},
-        "held_theory": theory.accumulation.held_grad_bytes_theory(num_params, padded,
-                                                                  env.world_size,
-                                                                  no_sync) if accum > 1 else 0,
-        "ms_per_step": unwatched_ms(logger.history), "history": logger.history,
-        "loss_first": logger.history[0]["loss"], "loss_last": logger.history[-1]["loss"],
-    }
-    print_check(env, result, sizes, cfg.tolerance)
-    return result
+    return report_run(env, {"api": api, "accum": accum, "no_sync": no_sync, "bug": bug,
+                            "num_params": num_params, "padded_numel": padded,
+                            "micro_batch_sizes": sizes, "step_error": step_error},
+                      check, held_between, grads, collectives, logger.history, cfg.tolerance)
 
 
 def main() -> None:
@@ -206,9 +178,8 @@ def main() -> None:
     with distributed(seed=cfg.seed) as env:
         # --- setup ---------------------------------------------------------------------------
         plan = planned_runs(cfg)  # every run's flags, checked first: a bad one is one line, exit 2
-        learner = load_learner(cfg.loop_file, "--loop-file",
-                               "accumulate(model, micro_batches, loss_fn)"
-                               ).accumulate if cfg.loop_file else None
+        learner = load_learner(cfg.loop_file, "--loop-file", "accumulate(model, micro_batches, "
+                               "loss_fn)").accumulate if cfg.loop_file else None
         env.print0(f"lesson 3 | {env.world_size} ranks | {env.backend} on {env.device.type} | "
                    f"{describe(cfg)}")
         data = load_data(cfg.data, seed=cfg.seed)
