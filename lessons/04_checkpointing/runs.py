@@ -1,19 +1,56 @@
-"""Lesson 4's runs (what train.py needs but the lesson is not about): its flags checked,
-timings, and the bitwise comparisons it reports (imported by train.py)."""
+"""Lesson 4's runs (what train.py needs but the lesson is not about): its flags (Config) and
+their checks, timings, and the bitwise comparisons it reports (imported by train.py)."""
 
 import functools
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch.distributed as dist
 
 from fsdp_course import checkpoint as ckpt
+from fsdp_course.config import TrainConfig, int_at_least, list_flag, list_help
 from fsdp_course.dist import CourseError
 from fsdp_course.learner import load_learner
 from fsdp_course.report import write_json_atomic
 
 DEMOS = ("torch-save", "types", "rng")
+
+
+@dataclass
+class Config(TrainConfig):
+    steps: int = field(default=8, metadata={
+        "help": "train until this step (a total, also after a resume)"})
+    d_model: int = 64  # a smaller model than lessons 1-3: here the saves and loads are the point
+    n_layers: int = 2
+    log_every: int = 2
+    ckpt_every: int = field(default=4, metadata={"help": "checkpoint every N steps (0: never)"})
+    ckpt_dir: str = field(default="runs/lesson4/ckpt", metadata={"help": "where checkpoints go"})
+    keep: int = field(default=2, metadata={"parse": int_at_least(1),
+        "help": "keep the newest N checkpoints (at least 1: a resume needs the newest)"})
+    resume: bool = field(default=False, metadata={
+        "help": "resume from the newest checkpoint (automatic after a restart)"})
+    crash_at_step: int | None = field(default=None, metadata={
+        "help": "kill the last rank once at this step (needs MAX_RESTARTS>=1)"})
+    crash_in: str = field(default="step", metadata={"choices": ("step", "save"),
+        "help": "step: before the step; save: during the first save at or after it"})
+    rng: str = field(default="shared", metadata={"choices": ("shared", "per-rank"),
+        "help": "per-rank: each rank reseeds after the build (its own dropout masks, say)"})
+    save: str | None = field(default=None, metadata={
+        "help": "after training, save a DCP checkpoint here"})
+    reload: bool = field(default=False, metadata={
+        "help": "after --save, load it into a fresh model (another init and RNG) and compare"})
+    load: str | None = field(default=None, metadata={
+        "help": "load this DCP checkpoint first (any world size)"})
+    ckpt_module: str | None = field(default=None, metadata={
+        "help": "a .py file with save(path, model, optimizer) and load(path, model, optimizer) "
+                "for --save/--load"})
+    demo: tuple[str, ...] = field(default=(), metadata={
+        "parse": list_flag("Demos", DEMOS), "help": list_help("after training", DEMOS)})
+    bug: str | None = field(default=None, metadata={"choices": ("rank0-only", "offload-cpu"),
+        "help": "rank0-only: state_dict() on rank 0 only; "
+                "offload-cpu: offload_to_cpu=True on CPU ranks"})
 
 
 def periodic_checkpoints(cfg) -> bool:

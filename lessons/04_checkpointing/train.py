@@ -25,7 +25,6 @@ import os
 import shutil
 import signal
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -40,54 +39,13 @@ import pitfalls  # lesson 4's own modules, next to this script (each docstring s
 import runs
 import state_dicts
 from fsdp_course import checkpoint as ckpt
-from fsdp_course.config import (
-    TrainConfig,
-    describe,
-    int_at_least,
-    list_flag,
-    list_help,
-    parse_config,
-)
+from fsdp_course.config import describe, parse_config
 from fsdp_course.data import load_data
 from fsdp_course.dist import distributed, mean_over_ranks, say
 from fsdp_course.measure import CommCounter, MiB, state_bytes
 from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import MetricLogger, write_metrics
-
-
-@dataclass
-class Config(TrainConfig):
-    steps: int = field(default=8, metadata={
-        "help": "train until this step (a total, also after a resume)"})
-    d_model: int = 64  # a smaller model than lessons 1-3: here the saves and loads are the point
-    n_layers: int = 2
-    log_every: int = 2
-    ckpt_every: int = field(default=4, metadata={"help": "checkpoint every N steps (0: never)"})
-    ckpt_dir: str = field(default="runs/lesson4/ckpt", metadata={"help": "where checkpoints go"})
-    keep: int = field(default=2, metadata={"parse": int_at_least(1),
-        "help": "keep the newest N checkpoints (at least 1: a resume needs the newest)"})
-    resume: bool = field(default=False, metadata={
-        "help": "resume from the newest checkpoint (automatic after a restart)"})
-    crash_at_step: int | None = field(default=None, metadata={
-        "help": "kill the last rank once at this step (needs MAX_RESTARTS>=1)"})
-    crash_in: str = field(default="step", metadata={"choices": ("step", "save"),
-        "help": "step: before the step; save: during the first save at or after it"})
-    rng: str = field(default="shared", metadata={"choices": ("shared", "per-rank"),
-        "help": "per-rank: each rank reseeds after the build (its own dropout masks, say)"})
-    save: str | None = field(default=None, metadata={
-        "help": "after training, save a DCP checkpoint here"})
-    reload: bool = field(default=False, metadata={
-        "help": "after --save, load it into a fresh model (another init and RNG) and compare"})
-    load: str | None = field(default=None, metadata={
-        "help": "load this DCP checkpoint first (any world size)"})
-    ckpt_module: str | None = field(default=None, metadata={
-        "help": "a .py file with save(path, model, optimizer) and load(path, model, optimizer) "
-                "for --save/--load"})
-    demo: tuple[str, ...] = field(default=(), metadata={
-        "parse": list_flag("Demos", runs.DEMOS), "help": list_help("after training", runs.DEMOS)})
-    bug: str | None = field(default=None, metadata={"choices": ("rank0-only", "offload-cpu"),
-        "help": "rank0-only: state_dict() on rank 0 only; "
-                "offload-cpu: offload_to_cpu=True on CPU ranks"})
+from runs import Config  # the flags (argument code, not the lesson)
 
 
 def build(cfg, env, data, seed):
