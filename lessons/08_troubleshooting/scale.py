@@ -1,5 +1,6 @@
 """Lesson 8's scale-out plumbing: which node each rank is on, the device meshes, a collective
-counter that splits bytes into intra-node and inter-node, and the tensor-parallel plan.
+counter that splits bytes into intra-node and inter-node, the tensor-parallel plan, and the DCP
+checkpoint a restarted job resumes from.
 
 torchrun numbers ranks node by node; each worker also gets ``GROUP_RANK`` (its agent's node
 index) and ``LOCAL_WORLD_SIZE``. Two agents on one machine are two "nodes" to torchrun, with
@@ -13,8 +14,11 @@ import os
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 
+from fsdp_course import checkpoint as ckpt
 from fsdp_course.measure import CommCounter, op_name, payload_bytes
 from fsdp_course.model import lm_loss
 
@@ -247,9 +251,29 @@ def scope_rows(collectives: dict, theory: dict | None) -> list[dict]:
     return rows
 
 
+def save_checkpoint(root, model, optimizer, step, env):
+    model_sd, optim_sd = get_state_dict(model, optimizer)  # this rank's DTensor shards
+    # written to a temporary folder, renamed into place once all ranks wrote
+    with ckpt.atomic_dir(ckpt.step_dir(root, step), env.is_rank0) as tmp:
+        dcp.save({"model": model_sd, "optim": optim_sd, "step": step}, checkpoint_id=tmp)
+
+
+def load_checkpoint(path, model, optimizer) -> int:
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd, "step": 0}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
+    return state["step"]
+
+
 def print_report(env, results: dict) -> None:
     from fsdp_course.report import table
 
+    if "bitwise" in results:
+        env.print0("restarted run vs uninterrupted run: bitwise equal = "
+                   f"{results['bitwise']['equal']} "
+                   f"({results['bitwise']['tensors']} tensors)")
     if "grad_check" in results:
         check = results["grad_check"]
         env.print0(f"step {check['step']} gradients vs one process on the global batch: "

@@ -30,8 +30,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.fsdp import fully_shard
 
@@ -88,25 +86,9 @@ def build(cfg, reference, fsdp_mesh, tp_mesh):
     return model, torch.optim.AdamW(model.parameters(), lr=cfg.lr)
 
 
-def save_checkpoint(path, model, optimizer, step, env):
-    model_sd, optim_sd = get_state_dict(model, optimizer)  # this rank's DTensor shards
-    with ckpt.atomic_dir(path, env.is_rank0) as tmp:  # renamed into place once all ranks wrote
-        dcp.save({"model": model_sd, "optim": optim_sd, "step": step}, checkpoint_id=tmp)
-
-
-def load_checkpoint(path, model, optimizer) -> int:
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd, "step": 0}
-    dcp.load(state, checkpoint_id=path)
-    set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optim"])
-    return state["step"]
-
-
 def train(cfg, env, data, model, optimizer, start, counter=None, logger=None, save=True,
           evaluate=None, restart=0):
-    """The loop, with the lesson's faults where real jobs meet them. Returns the held-out loss
-    of the last evaluation (with ``evaluate``)."""
+    """The loop, with the lesson's faults where real jobs meet them; returns the last eval."""
     dp_size, dp_rank = env.world_size // cfg.tp, env.rank // cfg.tp  # TP partners: same batch
     my_steps = faults.steps_for_rank(cfg.fault, cfg.fault_step, cfg.steps, env.rank, env.world_size)
     loss_value, eval_value = float("nan"), None
@@ -138,7 +120,7 @@ def train(cfg, env, data, model, optimizer, start, counter=None, logger=None, sa
             eval_value = evaluate(model, batch, env)
             env.print0(f"      held-out loss after step {step}: {eval_value}")
         if save and cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0:
-            save_checkpoint(ckpt.step_dir(cfg.ckpt_dir, step + 1), model, optimizer, step + 1, env)
+            scale.save_checkpoint(cfg.ckpt_dir, model, optimizer, step + 1, env)
     return eval_value
 
 
@@ -168,7 +150,7 @@ def run(cfg, env):
     # --- checkpoint: a restarted job resumes from the newest complete checkpoint ------------------
     start = 0
     if restart > 0 and ckpt.latest(cfg.ckpt_dir):
-        start = load_checkpoint(ckpt.latest(cfg.ckpt_dir), model, optimizer)
+        start = scale.load_checkpoint(ckpt.latest(cfg.ckpt_dir), model, optimizer)
         env.print0(f"resumed from {ckpt.latest(cfg.ckpt_dir)} (step {start})")
     elif cfg.ckpt_every and env.is_rank0:  # a fresh run: forget the checkpoints of earlier runs
         shutil.rmtree(cfg.ckpt_dir, ignore_errors=True)
@@ -176,8 +158,7 @@ def run(cfg, env):
     results["resumed_from"] = start
 
     # --- loop --------------------------------------------------------------------------------
-    counter = scale.ScopedCommCounter(nodes)
-    logger = MetricLogger(env, cfg.log_every)
+    counter, logger = scale.ScopedCommCounter(nodes), MetricLogger(env, cfg.log_every)
     results["grad_check"] = scale.grad_check(model, data, cfg, env, start)
     if cfg.memory_limit_mib:
         results["memory_limit"] = faults.limit_memory(cfg.memory_limit_mib, env.device)
@@ -200,9 +181,6 @@ def run(cfg, env):
         train(cfg, env, data, fresh, fresh_opt, 0, save=False)
         results["bitwise"] = ckpt.compare_fingerprints(ckpt.fingerprint(model, optimizer),
                                                        ckpt.fingerprint(fresh, fresh_opt))
-        env.print0("restarted run vs uninterrupted run: bitwise equal = "
-                   f"{results['bitwise']['equal']} "
-                   f"({results['bitwise']['tensors']} tensors)")
     scale.print_report(env, results)
     write_metrics(cfg.metrics, "lesson8", env, cfg, logger.history, results)
 
