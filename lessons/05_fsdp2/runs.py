@@ -1,5 +1,6 @@
-"""Lesson 5's runs (what the lesson is not about): flags into runs, the checks that catch
-the pitfalls, each run's summary, and the tables the script prints.
+"""Lesson 5's runs (what the lesson is not about): flags into runs, lesson 1's classic build
+for ``--api classic``, the checks that catch the pitfalls, each run's summary, and the tables
+and metrics file the script writes.
 
 The FSDP2 calls themselves are in ``train.py``; the measurements in
 ``fsdp_course.measure_fsdp2``; the formulas in ``fsdp_course.theory.fsdp2``.
@@ -8,6 +9,7 @@ The FSDP2 calls themselves are in ``train.py``; the measurements in
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import functools
 import logging
@@ -24,8 +26,8 @@ from fsdp_course.config import plan_runs
 from fsdp_course.dist import CourseError
 from fsdp_course.measure import MiB, local_tensor
 from fsdp_course.measure_fsdp2 import SUM_KEYS, causal_mask_errors, dtensor_rows
-from fsdp_course.model import GPT, ModelConfig, lm_loss
-from fsdp_course.report import table
+from fsdp_course.model import GPT, Block, ModelConfig, lm_loss
+from fsdp_course.report import table, write_metrics
 
 APIS = ("fsdp2", "classic")
 BUGS = ("meta-buffers", "optimizer-first")
@@ -354,3 +356,28 @@ def print_report(env, runs: list[dict]) -> None:
                            "ops in graphs": r.get("compiled", {}).get("ops_captured", "-"),
                            "graph breaks": r.get("compiled", {}).get("graph_breaks", "-"),
                            "error": (r.get("compile_error") or "")[:60]} for r in timed]))
+
+
+def build_classic(cfg, env, reference):
+    """Lesson 1's setup (``--api classic``): FullyShardedDataParallel with one unit per Block."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    return FSDP(copy.deepcopy(reference),
+                auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
+                                                   transformer_layer_cls={Block}),
+                # FULL_SHARD reshards every unit but the root: FSDP2's default (None)
+                sharding_strategy=ShardingStrategy.SHARD_GRAD_OP
+                if cfg.reshard_after_forward is False else ShardingStrategy.FULL_SHARD,
+                mixed_precision=MixedPrecision(param_dtype=torch.bfloat16,
+                                               reduce_dtype=torch.float32)
+                if cfg.mixed_precision else None,
+                device_id=env.device)  # required on CPU too, else FSDP looks for a GPU
+
+
+def save_metrics(cfg, env, results) -> None:
+    """The metrics file: every run, and the history of the last run that has one (a run the
+    compiler stopped has none)."""
+    history = next((run["history"] for run in reversed(results) if run["history"]), [])
+    write_metrics(cfg.metrics, "lesson5", env, cfg, history, {"runs": results})

@@ -14,8 +14,6 @@ bytes per collective and group, the DTensor layout, and the checks that catch th
     bash launch/lesson5.sh --shard-module solutions/lesson5_shard.py   # your shard(model, mesh)
 """
 
-import copy
-import functools
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -32,8 +30,8 @@ from fsdp_course.dist import distributed, mean_over_ranks
 from fsdp_course.learner import load_learner
 from fsdp_course.measure import MiB
 from fsdp_course.measure_fsdp2 import GroupCommCounter, MemoryProbe, resharding
-from fsdp_course.model import GPT, Block, lm_loss
-from fsdp_course.report import MetricLogger, write_metrics
+from fsdp_course.model import GPT, lm_loss
+from fsdp_course.report import MetricLogger
 
 
 @dataclass
@@ -58,13 +56,11 @@ class Config(TrainConfig):
     compile_backend: str = flag("inductor",
                                 "torch.compile backend (inductor: C++ on CPU, slow to compile)")
     bug: str | None = flag(None, "reproduce a pitfall", runs.BUGS)
-    shard_module: str | None = flag(None,
-                                    "a .py file defining shard(model, mesh), called instead of "
-                                    "fully_shard")
-    variants: tuple | None = flag(None,
-                                  "several runs in one launch: "
-                                  "'api=classic;prefetch=2,mixed-precision=true'",
-                                  parse=parse_variants, metavar="'FLAG=V,FLAG=V;...'")
+    shard_module: str | None = flag(
+        None, "a .py file defining shard(model, mesh), called instead of fully_shard")
+    variants: tuple | None = flag(
+        None, "several runs in one launch: 'api=classic;prefetch=2,mixed-precision=true'",
+        parse=parse_variants, metavar="'FLAG=V,FLAG=V;...'")
 
 
 def build_fsdp2(cfg, env, mesh, model_cfg, shard_fn=None):
@@ -116,28 +112,10 @@ def build_fsdp2(cfg, env, mesh, model_cfg, shard_fn=None):
     return model, early_optimizer
 
 
-def build_classic(cfg, env, reference):
-    """Lesson 1's setup: FullyShardedDataParallel with one unit per Block."""
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
-    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
-
-    return FSDP(copy.deepcopy(reference),
-                auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
-                                                   transformer_layer_cls={Block}),
-                # FULL_SHARD reshards every unit but the root: FSDP2's default (None)
-                sharding_strategy=ShardingStrategy.SHARD_GRAD_OP
-                if cfg.reshard_after_forward is False else ShardingStrategy.FULL_SHARD,
-                mixed_precision=MixedPrecision(param_dtype=torch.bfloat16,
-                                               reduce_dtype=torch.float32)
-                if cfg.mixed_precision else None,
-                device_id=env.device)  # required on CPU too, else FSDP looks for a GPU
-
-
 def train(cfg, env, data, mesh, reference, shard_fn=None) -> dict:
     """Build one variant, train it, return what was measured and what the checks found."""
     if cfg.api == "classic":
-        model, early_optimizer, notices = build_classic(cfg, env, reference), None, []
+        model, early_optimizer, notices = runs.build_classic(cfg, env, reference), None, []
     else:
         with runs.fully_shard_notices() as notices:  # fully_shard's own warnings, said once
             model, early_optimizer = build_fsdp2(cfg, env, mesh, reference.cfg, shard_fn)
@@ -185,9 +163,8 @@ def train(cfg, env, data, mesh, reference, shard_fn=None) -> dict:
         if measure:
             memory, collectives = probe.peaks, dict(comm.summary(), by_group=comm.by_group())
             kept = resharding(model) if cfg.api == "fsdp2" else None
-        # None: printed as "-"
         peak, sent = (memory["peak"] / MiB, comm.total_bytes / MiB) if measure else (None, None)
-        logger.log(step, mean_over_ranks(step_loss), ms, peak, sent,
+        logger.log(step, mean_over_ranks(step_loss), ms, peak, sent,  # None: printed as "-"
                    last=measure or step == cfg.steps - 1)
 
     # --- report: what changed, what was measured, what the checks say --------------------------
@@ -216,8 +193,7 @@ def main() -> None:
 
         # --- report ----------------------------------------------------------------------------
         runs.print_report(env, results)
-        history = next((run["history"] for run in reversed(results) if run["history"]), [])
-        write_metrics(cfg.metrics, "lesson5", env, cfg, history, {"runs": results})
+        runs.save_metrics(cfg, env, results)  # the history: the last run that has one
 
 
 if __name__ == "__main__":
