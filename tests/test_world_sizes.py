@@ -34,7 +34,7 @@ def test_lesson5_defaults(scripts, world):
 
 @pytest.mark.parametrize("world", WORLD_SIZES)
 def test_lesson6_default_global_batch_splits(scripts, world):
-    batch = scripts[6].part_precision.default_global_batch(world)
+    batch = scripts[6].runs.default_global_batch(world)
     assert batch % world == 0 and abs(batch - 64) < world
     if 64 % world == 0:
         assert batch == 64  # N = 1, 2, 4, 8 keep the batch the lesson compares across N

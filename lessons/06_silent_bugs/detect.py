@@ -7,7 +7,8 @@
 - ``slice_origins(full, candidates)``: which elements of a gathered parameter equal which
   rank's own initialisation.
 - ``DtypeProbe``: the dtype of every tensor class during one training step, read from the
-  tensors themselves (part C's table).
+  tensors themselves (part C's table); ``dtype_name``: how every table writes a dtype.
+- ``rel_error(a, b)``: how far a run's tensors are from the reference's, relative to their size.
 """
 
 from __future__ import annotations
@@ -28,6 +29,18 @@ def checksum(t: torch.Tensor) -> torch.Tensor:
     flat = local_tensor(t).detach().reshape(-1).double()
     weights = torch.linspace(1.0, 2.0, flat.numel(), dtype=torch.float64, device=flat.device)
     return torch.stack([flat.sum(), (flat * weights).sum()])
+
+
+def dtype_name(x) -> str:
+    """A tensor's dtype (or a dtype) as the tables write it: ``torch.bfloat16`` -> ``bfloat16``."""
+    return str(getattr(x, "dtype", x)).replace("torch.", "")
+
+
+def rel_error(a: dict, b: dict) -> float:
+    """||a - b|| / ||b|| over all tensors of the dicts (matched by name)."""
+    num = sum(((a[k] - b[k]).double() ** 2).sum() for k in b)
+    den = sum((b[k].double() ** 2).sum() for k in b)
+    return float((num / den).sqrt())
 
 
 def compare_across_ranks(named_tensors) -> dict:
@@ -78,11 +91,9 @@ class DtypeProbe(TorchDispatchMode):
         self.buffer_owner, self.buffer = buffer_owner, buffer
 
     def _pre_forward(self, module, args):
-        self.seen.setdefault("gathered params", str(module.weight.dtype).replace("torch.", ""))
+        self.seen.setdefault("gathered params", dtype_name(module.weight))
         if self.buffer_owner is not None:
-            self.seen.setdefault("buffer",
-                                 str(getattr(self.buffer_owner,
-                                             self.buffer).dtype).replace("torch.", ""))
+            self.seen.setdefault("buffer", dtype_name(getattr(self.buffer_owner, self.buffer)))
         return None  # a pre-hook that returns something replaces the module's inputs
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -101,7 +112,7 @@ class DtypeProbe(TorchDispatchMode):
 def _first_dtype(args) -> str:
     for a in args:
         if torch.is_tensor(a):
-            return str(a.dtype).replace("torch.", "")
+            return dtype_name(a)
         if isinstance(a, (list, tuple)):
             found = _first_dtype(a)
             if found:

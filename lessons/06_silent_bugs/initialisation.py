@@ -174,13 +174,3 @@ def run(variant: str, cfg, env, data, model_cfg, ref: dict) -> dict:
             result["equal_to_reference"] = equal_to_reference(initial, ref["init"])
     return result
 
-
-def summary(runs: list[dict]) -> list[dict]:
-    """One row per variant (rank 0's view), for the script's table and the notebook."""
-    return [{"variant": r["variant"],
-             "ranks differ before wrap": len(r["before_wrap"]["differ"]) if "before_wrap" in r
-             else "-",
-             "after wrap": len(r["after_wrap"]["differ"]),
-             "init diff": r["init_diff"], "loss diff": r["loss_diff"],
-             "final diff": r["final_diff"],
-             "note": r.get("error", "")[:60]} for r in runs]
