@@ -8,7 +8,8 @@
   rank's own initialisation.
 - ``DtypeProbe``: the dtype of every tensor class during one training step, read from the
   tensors themselves (part C's table); ``dtype_name``: how every table writes a dtype.
-- ``rel_error(a, b)``: how far a run's tensors are from the reference's, relative to their size.
+- ``full_state(model)``: every tensor of a wrapped model, gathered whole, to hold against the
+  reference's; ``max_diff`` and ``rel_error(a, b)``: how far they are from it.
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fsdp_course.measure import CommCounter, local_tensor
+
+# Classic FSDP gathers on CPU only without offload (offload_to_cpu crashes on CPU ranks).
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=False)
 
 
 def checksum(t: torch.Tensor) -> torch.Tensor:
@@ -41,6 +46,19 @@ def rel_error(a: dict, b: dict) -> float:
     num = sum(((a[k] - b[k]).double() ** 2).sum() for k in b)
     den = sum((b[k].double() ** 2).sum() for k in b)
     return float((num / den).sqrt())
+
+
+def full_state(model) -> dict:
+    """Every parameter and persistent buffer, gathered whole on every rank, by its plain name
+    (works for classic FSDP, FSDP2, DDP and plain modules alike)."""
+    state = get_model_state_dict(model, options=FULL)
+    # FSDP2 hands back DTensors here without cpu_offload: full_tensor() is the whole value.
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+            for k, v in state.items()}
+
+
+def max_diff(a: dict, b: dict) -> float:
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in b)
 
 
 def compare_across_ranks(named_tensors) -> dict:

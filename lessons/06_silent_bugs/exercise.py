@@ -11,9 +11,8 @@ import torch
 import torch.nn.functional as F
 
 import mystery_loop
-from detect import compare_across_ranks, dtype_name
+from detect import compare_across_ranks, dtype_name, full_state, max_diff
 from fsdp_course.dist import CourseError
-from initialisation import full_state, max_diff
 from nets import blobs
 
 BATCH = 8  # samples per rank per step
