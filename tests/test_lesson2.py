@@ -393,7 +393,7 @@ def test_variants_parse_once_and_bad_ones_are_one_line():
     ]
     plan = [
         (c.model, wrap, prefetch, c.timeline, variant)
-        for c, wrap, prefetch, variant in train.run_plan(cfg)
+        for c, wrap, prefetch, variant in train.runs.run_plan(cfg)
     ]
     assert plan == [
         ("gpt", "none", "pre", False, None),
@@ -412,7 +412,7 @@ def test_variants_parse_once_and_bad_ones_are_one_line():
         ("policy-file=p.py", "no flag --policy-file in a variant"),
     ):
         with pytest.raises(CourseError, match=needle):
-            train.run_plan(parse_config(train.Config, argv=["--variants", text]))
+            train.runs.run_plan(parse_config(train.Config, argv=["--variants", text]))
     with pytest.raises(argparse.ArgumentTypeError, match="write flag=value"):
         parse_variants("timeline")
 

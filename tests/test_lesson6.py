@@ -359,7 +359,7 @@ def test_bad_flags_are_refused_with_one_line(capsys, flags, said):
 
 @pytest.mark.slow
 def test_a_bad_flag_under_torchrun_is_one_line(run_launcher):
-    flags, said = BAD_FLAGS[1]  # the lesson's own parser (part_precision.Specs)
+    flags, said = BAD_FLAGS[1]  # the lesson's own parser (runs.Specs)
     r = run_launcher("lesson6.sh", *flags, env={"NPROC": "1"}, timeout=120)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
@@ -396,7 +396,7 @@ def test_precision_theory():
 
 
 def test_allreduce_batchnorm_converts_and_keeps_state():
-    norms = lesson_script(6, "norms")  # this lesson's module, as its scripts import it
+    norms = lesson_script(6, "allreduce_batchnorm")  # as the lesson's scripts import it
     AllReduceBatchNorm, convert_allreduce_batchnorm = (
         norms.AllReduceBatchNorm,
         norms.convert_allreduce_batchnorm,

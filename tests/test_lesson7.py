@@ -344,7 +344,7 @@ def test_bad_flags_are_refused_with_one_sentence(capsys, flags, said):
     except SystemExit as exc:  # argparse: its one line, exit 2
         assert exc.code == 2
         assert said in capsys.readouterr().err
-    except (ValueError, CourseError) as exc:  # train.py raises a ValueError again as a CourseError
+    except CourseError as exc:  # runs.expand: one sentence
         assert said in str(exc) and "\n" not in str(exc)
     else:
         pytest.fail(f"{flags} accepted")

@@ -14,12 +14,14 @@ import sys
 
 import pytest
 
-from helpers import REPO_ROOT, run_cmd
+from helpers import REPO_ROOT, lesson_script, run_cmd
 
 LESSON = REPO_ROOT / "lessons" / "08_troubleshooting"
 sys.path.insert(0, str(LESSON))
+import diagnosis  # noqa: E402
 import ecosystem  # noqa: E402
 import jobs  # noqa: E402
+import knobs  # noqa: E402
 from course_lab.exercises.lesson8 import check_fix_the_job  # noqa: E402
 from fsdp_course.theory import hsdp  # noqa: E402
 
@@ -86,7 +88,7 @@ def node_fault():
 
 
 def test_default_timeouts_read_from_torch():
-    gloo, nccl = jobs.default_timeouts()
+    gloo, nccl = knobs.default_timeouts()
     assert gloo["seconds"] == 1800 and nccl["seconds"] == 600
     assert "10 * 60 * 1000" in nccl["source"]
 
@@ -94,7 +96,7 @@ def test_default_timeouts_read_from_torch():
 def test_gpu_knobs_are_named_in_torch_source():
     rows = {
         r["variable"].split("=")[0].split(" ")[0]: r
-        for r in jobs.gpu_knobs({"TORCH_DISTRIBUTED_DEBUG": True})
+        for r in knobs.gpu_knobs({"TORCH_DISTRIBUTED_DEBUG": True})
     }
     assert "ProcessGroupNCCL.hpp" in rows["TORCH_NCCL_ASYNC_ERROR_HANDLING"]["named in torch 2.13"]
     assert "FlightRecorder.hpp" in rows["TORCH_FR_BUFFER_SIZE"]["named in torch 2.13"]
@@ -103,7 +105,7 @@ def test_gpu_knobs_are_named_in_torch_source():
 
 
 def test_nccl_error_handling_modes_read_from_the_header():
-    handling = jobs.nccl_error_handling_modes()
+    handling = knobs.nccl_error_handling_modes()
     assert handling["default"] == 3 and handling["modes"][3]["name"] == "SkipCleanUp"
     assert handling["modes"][3] == {
         "name": "SkipCleanUp",
@@ -119,10 +121,10 @@ def test_nccl_error_handling_modes_read_from_the_header():
 
 
 def test_gloo_socket_ifname_picks_the_interface():
-    bad, lo = jobs.gloo_interface_check(["no-such-nic0", "lo"])
+    bad, lo = knobs.gloo_interface_check(["no-such-nic0", "lo"])
     assert "Unable to find address for: no-such-nic0" in bad["result"], bad
     assert lo["result"].endswith("[3.0, 3.0]"), lo
-    rows = {r["variable"]: r for r in jobs.gpu_knobs({"GLOO_SOCKET_IFNAME": True})}
+    rows = {r["variable"]: r for r in knobs.gpu_knobs({"GLOO_SOCKET_IFNAME": True})}
     assert rows["GLOO_SOCKET_IFNAME"]["verified here"].startswith("yes")
     assert (
         "2000 entries"
@@ -221,7 +223,7 @@ def test_hang_stacks_name_the_waiting_lines_and_the_timeout_ends_it():
 def test_detail_names_the_rank_branch_mismatch():
     r = detail()
     assert r["returncode"] != 0 and r["line"]
-    own = jobs.own_collectives(r["output"])
+    own = diagnosis.own_collectives(r["output"])
     assert {rank: c["op"] for rank, c in own.items()} == {"0": "ALLREDUCE", "1": "_ALLGATHER_BASE"}
     assert own["0"]["sequence"] == own["1"]["sequence"]  # the same call, a different collective
     assert r["diagnosed_after_s"] < 10  # no timeout waited (COURSE_TIMEOUT_S=60)
@@ -391,12 +393,13 @@ def test_background_returns_once_its_job_has_started():
 
 
 def test_bad_layouts_are_one_line_errors():
-    """scale.validate raises CourseError (one line, exit 2 under distributed()) before any mesh
+    """runs.validate raises CourseError (one line, exit 2 under distributed()) before any mesh
     is built; checked without a launch."""
     from types import SimpleNamespace
 
-    import scale
     from fsdp_course.dist import CourseError
+
+    runs = lesson_script(8, "runs")  # this lesson's, not another lesson's runs.py on the path
 
     env = SimpleNamespace(world_size=2)
     for flags, words in [
@@ -408,4 +411,4 @@ def test_bad_layouts_are_one_line_errors():
             **{"replicas": 1, "tp": 1, "kill_node_at_step": None, "ckpt_every": 0, **flags}
         )
         with pytest.raises(CourseError, match=re.escape(words)):
-            scale.validate(cfg, env)
+            runs.validate(cfg, env)

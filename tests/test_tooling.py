@@ -1,12 +1,15 @@
 """The repository is clean under its own ruff settings (pyproject.toml), and the tools that keep
-it so work: launch/lint.sh, launch/notebooks.py, the pre-commit hooks, nbval on the lessons."""
+it so work: launch/lint.sh, launch/notebooks.py, the pre-commit hooks, nbval on the lessons.
+Every lesson folder names its files by one scheme (README, "How the course is built")."""
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -280,3 +283,42 @@ def test_nbval_kernels_get_the_suites_environment(monkeypatch):
     assert not folder.exists()
     assert os.environ["PYTHONPATH"] == "/elsewhere"
     assert not any(name in os.environ for name in names)
+
+
+# --- one naming scheme in every lesson folder -------------------------------------------------
+
+LESSON_FOLDERS = sorted(p for p in (REPO_ROOT / "lessons").glob("[0-9][0-9]_*") if p.is_dir())
+# Named for a position, a role other than runs.py, or the lesson: it does not say what it holds.
+VAGUE_NAME = re.compile(r"(part_|lesson\d|.*(plumbing|helpers?|utils?|misc|common|stuff)\b)")
+
+
+def test_there_are_lesson_folders():
+    assert len(LESSON_FOLDERS) >= 10
+
+
+@pytest.mark.parametrize("folder", LESSON_FOLDERS, ids=lambda p: p.name)
+def test_lesson_folder_follows_the_naming_scheme(folder):
+    """``NN_topic.ipynb`` (the one notebook), ``train.py`` (the torchrun script, at most 200
+    lines), and every other module named for its subject, opening with a docstring that says
+    what it holds."""
+    names = sorted(p.name for p in folder.iterdir() if p.is_file())
+    assert [n for n in names if n.endswith(".ipynb")] == [f"{folder.name}.ipynb"], names
+    train = folder / "train.py"
+    assert train.is_file(), names
+    length = len(train.read_text().splitlines())
+    assert length <= 200, f"{train.relative_to(REPO_ROOT)}: {length} lines (at most 200)"
+    assert not [n for n in names if VAGUE_NAME.match(n)], names
+    for module in folder.glob("*.py"):
+        assert ast.get_docstring(ast.parse(module.read_text())), f"{module.name}: no docstring"
+
+
+@pytest.mark.parametrize("folder", LESSON_FOLDERS, ids=lambda p: p.name)
+def test_lesson_modules_shadow_nothing(folder):
+    """A script's folder comes first on its path (torchrun runs it there), so a lesson module
+    named like a standard or installed module would replace it for that script."""
+    for module in folder.glob("*.py"):
+        assert module.stem not in sys.stdlib_module_names, module.name
+        spec = importlib.util.find_spec(module.stem)
+        origin = Path(spec.origin) if spec is not None and spec.origin else None
+        # Another lesson's module of the same name (runs.py) may be on the path already: fine.
+        assert origin is None or origin.is_relative_to(REPO_ROOT / "lessons"), (module, origin)

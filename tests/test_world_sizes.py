@@ -34,7 +34,7 @@ def test_lesson5_defaults(scripts, world):
 
 @pytest.mark.parametrize("world", WORLD_SIZES)
 def test_lesson6_default_global_batch_splits(scripts, world):
-    batch = scripts[6].part_precision.default_global_batch(world)
+    batch = scripts[6].runs.default_global_batch(world)
     assert batch % world == 0 and abs(batch - 64) < world
     if 64 % world == 0:
         assert batch == 64  # N = 1, 2, 4, 8 keep the batch the lesson compares across N
@@ -44,12 +44,12 @@ def test_lesson6_default_global_batch_splits(scripts, world):
 @pytest.mark.parametrize("world", WORLD_SIZES)
 def test_lesson8_defaults(scripts, world):
     train = scripts[8]
-    train.scale.validate(train.Config(), SimpleNamespace(world_size=world))
+    train.runs.validate(train.Config(), SimpleNamespace(world_size=world))
 
 
 def test_a_layout_the_learner_chose_is_still_refused(scripts):
     with pytest.raises(CourseError, match="must divide the world size 3"):
-        scripts[8].scale.validate(scripts[8].Config(tp=2), SimpleNamespace(world_size=3))
+        scripts[8].runs.validate(scripts[8].Config(tp=2), SimpleNamespace(world_size=3))
     with pytest.raises(CourseError, match="HYBRID_SHARD: 3 ranks"):
         train = scripts[1]
         train.plan(train.Config(strategy=train.Strategies("HYBRID_SHARD"), replicas=2), 3)

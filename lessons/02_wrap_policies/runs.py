@@ -1,5 +1,6 @@
 """Lesson 2's runs (what the lesson is not about): its list flags, the runs they and
-``--variants`` plan, loading a policy file, the time per step, and the tables it prints.
+``--variants`` plan, loading a policy file, what the theory predicts for a run's units, the time
+per step, and the tables it prints.
 
 A list flag is read once, where the config is read: ``--wrap none,size:20000`` arrives in the
 config as ``Wraps(("none", "size:20000"))``, already checked; a bad value is argparse's one-line
@@ -8,6 +9,9 @@ error (exit 2).
 
 from __future__ import annotations
 
+from torch.distributed.fsdp import BackwardPrefetch
+
+from fsdp_course import theory, wrapping
 from fsdp_course.config import list_flag, plan_runs
 from fsdp_course.dist import CourseError
 from fsdp_course.learner import load_learner
@@ -49,6 +53,29 @@ def load_policy(path: str | None, wraps):
     if "custom" not in wraps:
         raise CourseError("--policy-file is used by --wrap custom; add custom to --wrap")
     return load_learner(path, "--policy-file", "policy(module, recurse, nonwrapped_numel)").policy
+
+
+def note_one_rank(env) -> None:
+    if env.world_size == 1:
+        env.print0("one rank: FSDP falls back to NO_SHARD, so nothing is gathered (try NPROC=2)")
+
+
+def theory_of(planned, unit_numels: list, fsdp_args: dict, world_size: int) -> dict:
+    """What ``fsdp_course.theory`` predicts for the units a policy planned (``unit_numels`` in
+    forward order, root first) under these FSDP arguments: the all-gather peaks by phase (no
+    formula for nested units), the collectives' calls and bytes."""
+    nested = wrapping.is_nested(planned)
+    backward_prefetch = fsdp_args.get("backward_prefetch", BackwardPrefetch.BACKWARD_PRE)
+    peaks = {} if nested else theory.wrapping.gathered_peaks(
+        unit_numels, world_size, backward_prefetch=backward_prefetch and backward_prefetch.name,
+        forward_prefetch=fsdp_args.get("forward_prefetch", False))
+    return {"unit_numels_theory": unit_numels, "nested": nested,
+            "units_theory": [{"unit": name or "(root)", "numel": numel}
+                             for name, _, numel in planned],
+            "gathered_theory": peaks.get("step"), "gathered_theory_by_phase": peaks,
+            "collective_calls_theory": theory.wrapping.collective_calls(unit_numels, world_size),
+            "collective_bytes_theory": theory.collective_bytes(unit_numels, world_size,
+                                                               "FULL_SHARD")}
 
 
 def step_time(history: list[dict], watched: int) -> dict:

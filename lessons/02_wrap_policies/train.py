@@ -38,7 +38,8 @@ from torch.distributed.fsdp.wrap import (
     transformer_auto_wrap_policy,
 )
 
-from fsdp_course import theory, wrapping
+import runs
+from fsdp_course import wrapping
 from fsdp_course.config import TrainConfig, describe, parse_config, parse_variants
 from fsdp_course.data import load_data
 from fsdp_course.dist import distributed, mean_over_ranks
@@ -51,7 +52,7 @@ from fsdp_course.measure import (
 )
 from fsdp_course.model import GPT, Block, lm_loss
 from fsdp_course.report import MetricLogger, write_metrics
-from runs import Prefetches, Wraps, load_policy, print_report, print_units, run_plan, step_time
+from runs import Prefetches, Wraps
 from staged_lm import staged_lm
 from timeline import StepTimeline
 
@@ -126,7 +127,7 @@ def train(cfg: Config, wrap: str, prefetch: str, env, data, custom_policy) -> di
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
 
     # --- loop ------------------------------------------------------------------------------------
-    print_units(env, cfg, wrap, prefetch, units)
+    runs.print_units(env, cfg, wrap, prefetch, units)
     logger = MetricLogger(env, cfg.log_every)
     watched = min(1, cfg.steps - 1)  # after step 0: prefetching follows the order step 0 recorded
     for step in range(cfg.steps):
@@ -159,35 +160,24 @@ def train(cfg: Config, wrap: str, prefetch: str, env, data, custom_policy) -> di
         if watch:
             recorded = timeline.events
 
-    # --- report: measured next to theory -----------------------------------------------------
-    nested = wrapping.is_nested(planned)
-    fsdp_args = PREFETCH[prefetch]
-    backward_prefetch = fsdp_args.get("backward_prefetch", BackwardPrefetch.BACKWARD_PRE)
-    peaks_theory = {} if nested else theory.wrapping.gathered_peaks(
-        unit_numels, env.world_size, backward_prefetch=backward_prefetch and backward_prefetch.name,
-        forward_prefetch=fsdp_args.get("forward_prefetch", False))
+    # --- report: measured next to theory (runs.theory_of: fsdp_course.theory) ---------------
     per_rank = [None] * env.world_size
     dist.all_gather_object(per_rank, {"gathered": max(peak_forward, peak_backward), "total": total,
                                       "timeline": recorded})
     run = {
-        "wrap": wrap, "prefetch": prefetch, "fsdp_args": {k: str(v) for k, v in fsdp_args.items()},
+        "wrap": wrap, "prefetch": prefetch,
+        "fsdp_args": {k: str(v) for k, v in PREFETCH[prefetch].items()},
         "model": cfg.model, "num_params": sum(unit_numels), "units": units, "num_units": len(units),
-        "unit_numels_theory": unit_numels, "nested": nested,
-        "units_theory": [{"unit": name or "(root)", "numel": numel} for name, _, numel in planned],
+        **runs.theory_of(planned, unit_numels, PREFETCH[prefetch], env.world_size),
         "gathered_peak": max(peak_forward, peak_backward), "gathered_forward": peak_forward,
-        "gathered_backward": peak_backward, "gathered_theory": peaks_theory.get("step"),
-        "gathered_theory_by_phase": peaks_theory,
+        "gathered_backward": peak_backward, "collectives": collectives,
         "per_rank": [{k: v for k, v in r.items() if k != "timeline"} for r in per_rank],
         "timeline": [r["timeline"] for r in per_rank] if cfg.timeline else None,
-        "collectives": collectives,
-        "collective_calls_theory": theory.wrapping.collective_calls(unit_numels, env.world_size),
-        "collective_bytes_theory": theory.collective_bytes(unit_numels, env.world_size,
-                                                           "FULL_SHARD"),
-        "watched_step": watched, **step_time(logger.history, watched),
+        "watched_step": watched, **runs.step_time(logger.history, watched),
         "loss_first": logger.history[0]["loss"], "loss_last": logger.history[-1]["loss"],
         "module_tree": repr(model), "history": logger.history,
     }
-    print_report(env, run, collectives)
+    runs.print_report(env, run, collectives)
     return run
 
 
@@ -195,19 +185,15 @@ def main() -> None:
     cfg = parse_config(Config, __doc__)
     with distributed(seed=cfg.seed) as env:
         # --- setup -----------------------------------------------------------------------------
-        plan = run_plan(cfg)  # (config, wrap, prefetch, variant) of every run, checked first
-        custom_policy = load_policy(cfg.policy_file, {wrap for _, wrap, _, _ in plan})
+        plan = runs.run_plan(cfg)  # (config, wrap, prefetch, variant) of every run, checked first
+        custom_policy = runs.load_policy(cfg.policy_file, {wrap for _, wrap, _, _ in plan})
         env.print0(f"lesson 2 | {env.world_size} ranks | {env.backend} on {env.device.type} | "
                    f"{describe(cfg)}")
-        if env.world_size == 1:
-            env.print0("one rank: FSDP falls back to NO_SHARD, so nothing is gathered "
-                       "(try NPROC=2)")
+        runs.note_one_rank(env)
         data = load_data(cfg.data, seed=cfg.seed)
-
-        runs = [train(run_cfg, wrap, prefetch, env, data, custom_policy) | {"variant": variant}
+        done = [train(run_cfg, wrap, prefetch, env, data, custom_policy) | {"variant": variant}
                 for run_cfg, wrap, prefetch, variant in plan]
-
-        write_metrics(cfg.metrics, "lesson2", env, cfg, runs[-1]["history"], {"runs": runs})
+        write_metrics(cfg.metrics, "lesson2", env, cfg, done[-1]["history"], {"runs": done})
 
 
 if __name__ == "__main__":

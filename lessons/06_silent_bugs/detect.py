@@ -7,7 +7,9 @@
 - ``slice_origins(full, candidates)``: which elements of a gathered parameter equal which
   rank's own initialisation.
 - ``DtypeProbe``: the dtype of every tensor class during one training step, read from the
-  tensors themselves (part C's table).
+  tensors themselves (part C's table); ``dtype_name``: how every table writes a dtype.
+- ``full_state(model)``: every tensor of a wrapped model, gathered whole, to hold against the
+  reference's; ``max_diff`` and ``rel_error(a, b)``: how far they are from it.
 """
 
 from __future__ import annotations
@@ -17,9 +19,13 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fsdp_course.measure import CommCounter, local_tensor
+
+# Classic FSDP gathers on CPU only without offload (offload_to_cpu crashes on CPU ranks).
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=False)
 
 
 def checksum(t: torch.Tensor) -> torch.Tensor:
@@ -28,6 +34,31 @@ def checksum(t: torch.Tensor) -> torch.Tensor:
     flat = local_tensor(t).detach().reshape(-1).double()
     weights = torch.linspace(1.0, 2.0, flat.numel(), dtype=torch.float64, device=flat.device)
     return torch.stack([flat.sum(), (flat * weights).sum()])
+
+
+def dtype_name(x) -> str:
+    """A tensor's dtype (or a dtype) as the tables write it: ``torch.bfloat16`` -> ``bfloat16``."""
+    return str(getattr(x, "dtype", x)).replace("torch.", "")
+
+
+def rel_error(a: dict, b: dict) -> float:
+    """||a - b|| / ||b|| over all tensors of the dicts (matched by name)."""
+    num = sum(((a[k] - b[k]).double() ** 2).sum() for k in b)
+    den = sum((b[k].double() ** 2).sum() for k in b)
+    return float((num / den).sqrt())
+
+
+def full_state(model) -> dict:
+    """Every parameter and persistent buffer, gathered whole on every rank, by its plain name
+    (works for classic FSDP, FSDP2, DDP and plain modules alike)."""
+    state = get_model_state_dict(model, options=FULL)
+    # FSDP2 hands back DTensors here without cpu_offload: full_tensor() is the whole value.
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+            for k, v in state.items()}
+
+
+def max_diff(a: dict, b: dict) -> float:
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in b)
 
 
 def compare_across_ranks(named_tensors) -> dict:
@@ -78,11 +109,9 @@ class DtypeProbe(TorchDispatchMode):
         self.buffer_owner, self.buffer = buffer_owner, buffer
 
     def _pre_forward(self, module, args):
-        self.seen.setdefault("gathered params", str(module.weight.dtype).replace("torch.", ""))
+        self.seen.setdefault("gathered params", dtype_name(module.weight))
         if self.buffer_owner is not None:
-            self.seen.setdefault("buffer",
-                                 str(getattr(self.buffer_owner,
-                                             self.buffer).dtype).replace("torch.", ""))
+            self.seen.setdefault("buffer", dtype_name(getattr(self.buffer_owner, self.buffer)))
         return None  # a pre-hook that returns something replaces the module's inputs
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -101,7 +130,7 @@ class DtypeProbe(TorchDispatchMode):
 def _first_dtype(args) -> str:
     for a in args:
         if torch.is_tensor(a):
-            return str(a.dtype).replace("torch.", "")
+            return dtype_name(a)
         if isinstance(a, (list, tuple)):
             found = _first_dtype(a)
             if found:

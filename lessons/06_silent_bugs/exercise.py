@@ -11,10 +11,9 @@ import torch
 import torch.nn.functional as F
 
 import mystery_loop
-from detect import compare_across_ranks
+from detect import compare_across_ranks, dtype_name, full_state, max_diff
 from fsdp_course.dist import CourseError
 from nets import blobs
-from part_init import full_state, max_diff
 
 BATCH = 8  # samples per rank per step
 TOLERANCE = 1e-4  # fp32 on both sides: equal up to rounding, which Adam amplifies a little
@@ -28,7 +27,7 @@ def inspector(env, findings: list):
         found = {"where": where, "sharded": sum(hasattr(p, "to_local") for p in model.parameters()),
                  **compare_across_ranks(plain),
                  "running stats": [n for n, _ in plain if "running_" in n],
-                 "dtypes": sorted({f"{kind} {str(t.dtype).replace('torch.', '')}" for kind, ts in (
+                 "dtypes": sorted({f"{kind} {dtype_name(t)}" for kind, ts in (
                      ("params", model.parameters()), ("buffers", model.buffers()),
                      ("grads", [p.grad for p in model.parameters() if p.grad is not None]))
                      for t in ts})}

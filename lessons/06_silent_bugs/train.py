@@ -1,8 +1,8 @@
 """Lesson 6: the silent bugs. Each runs without an error, the loss falls, and the model is wrong.
 
-A. parameters initialised differently on each rank (part_init.py)
-B. BatchNorm statistics under FSDP (part_batchnorm.py)
-C. mixed precision: which dtype each tensor has, and what that costs (part_precision.py)
+A. parameters initialised differently on each rank (initialisation.py)
+B. BatchNorm statistics under FSDP (batchnorm.py)
+C. mixed precision: which dtype each tensor has, and what that costs (mixed_precision.py)
 
 Every variant is compared with a single-process run on the global batch (the reference). All
 variants of the chosen parts run in one launch (each torchrun start costs seconds).
@@ -19,15 +19,16 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import batchnorm
 import exercise
-import part_batchnorm
-import part_init
-import part_precision
+import initialisation
+import mixed_precision
+import runs
 from fsdp_course.config import TrainConfig, describe, list_flag, list_help, parse_config
 from fsdp_course.data import load_data
-from fsdp_course.dist import CourseError, distributed
+from fsdp_course.dist import distributed
 from fsdp_course.learner import load_learner
-from fsdp_course.report import table, write_metrics
+from fsdp_course.report import write_metrics
 
 PARTS = ("init", "batchnorm", "precision", "exercise")
 HERE = Path(__file__).resolve().parent
@@ -46,18 +47,18 @@ class Config(TrainConfig):
     log_every: int = field(default=100, metadata={"help": "print a metric line every N steps"})
     parts: tuple = field(default=PARTS, metadata={
         "parse": list_flag("Parts", PARTS), "help": list_help("parts to run", PARTS)})
-    init: tuple = field(default=part_init.INIT_VARIANTS, metadata={
-        "parse": list_flag("Inits", part_init.INIT_VARIANTS),
-        "help": list_help("part A variants", part_init.INIT_VARIANTS)})
-    bn: tuple = field(default=part_batchnorm.BN_VARIANTS, metadata={
-        "parse": list_flag("Norms", part_batchnorm.BN_VARIANTS),
-        "help": list_help("part B variants", part_batchnorm.BN_VARIANTS)})
+    init: tuple = field(default=initialisation.INIT_VARIANTS, metadata={
+        "parse": list_flag("Inits", initialisation.INIT_VARIANTS),
+        "help": list_help("part A variants", initialisation.INIT_VARIANTS)})
+    bn: tuple = field(default=batchnorm.BN_VARIANTS, metadata={
+        "parse": list_flag("Norms", batchnorm.BN_VARIANTS),
+        "help": list_help("part B variants", batchnorm.BN_VARIANTS)})
     bn_batch: int = field(default=8, metadata={"help": "part B: samples per rank per step"})
     bn_batch_sizes: tuple = field(default=(2, 4, 8, 16, 32), metadata={
-        "parse": part_batchnorm.BatchSizes,
+        "parse": runs.BatchSizes,
         "help": "part B: per-rank batch sizes of the error sweep (one plain-BatchNorm step each)"})
-    precision: tuple = field(default=part_precision.DEFAULT_SPECS, metadata={
-        "parse": part_precision.Specs,
+    precision: tuple = field(default=runs.DEFAULT_SPECS, metadata={
+        "parse": runs.Specs,
         "help": "part C: comma-separated API:PARAM/REDUCE[/BUFFER][+MOD...], API fsdp2|classic, "
                 "dtypes fp32|bf16|fp16, BUFFER classic only, MOD scaler|nocast|unit "
                 "(a GradScaler; features not cast: the dtype-mismatch bug; the MLP its own unit)"})
@@ -75,15 +76,7 @@ def main() -> None:
     cfg = parse_config(Config, __doc__)
     with distributed(seed=cfg.seed) as env:
         # --- setup: the flags were checked by the config; what needs the world size, here ------
-        inits = cfg.init if "init" in cfg.parts else ()
-        bns, sweep = (cfg.bn, cfg.bn_batch_sizes) if "batchnorm" in cfg.parts else ((), ())
-        specs = [part_precision.parse_spec(s)
-                 for s in cfg.precision] if "precision" in cfg.parts else []
-        if cfg.global_batch is None:  # only a batch the learner chose can fail to split
-            cfg.global_batch = part_precision.default_global_batch(env.world_size)
-        if specs and cfg.global_batch % env.world_size:
-            raise CourseError(f"--global-batch {cfg.global_batch} does not split over "
-                              f"{env.world_size} ranks")
+        inits, bns, sweep, specs = runs.plan(cfg, env.world_size)
         loop = load_learner(cfg.exercise or HERE / "mystery_loop.py", "--exercise",
                             "train(env, batches, steps, seed, inspect)"
                             ) if "exercise" in cfg.parts else None
@@ -94,16 +87,17 @@ def main() -> None:
         if inits:  # --- A: initialisation across ranks ------------------------------------------
             data = load_data(cfg.data, seed=cfg.seed)
             model_cfg = cfg.model_config(data.vocab_size)
-            ref = part_init.reference(cfg, env, data, model_cfg) if env.rank == 0 else {"init": {}}
-            runs = [part_init.run(v, cfg, env, data, model_cfg, ref) for v in inits]
-            results["init"] = {"runs": runs, "reference_losses": ref.get("losses")}
-            env.print0("\nA. initialisation: each variant vs one process on the global batch")
-            if env.rank == 0:
-                print(table(part_init.summary(runs)), flush=True)
+            ref = (initialisation.reference(cfg, env, data, model_cfg) if env.rank == 0
+                   else {"init": {}})
+            measured = [initialisation.run(v, cfg, env, data, model_cfg, ref) for v in inits]
+            results["init"] = {"runs": measured, "reference_losses": ref.get("losses")}
+            runs.print_initialisation(env, measured)
         if bns or sweep:  # --- B: BatchNorm ---------------------------------------------------
-            results["batchnorm"] = part_batchnorm.run_all(bns, sweep, cfg, env)
+            results["batchnorm"] = batchnorm.run_all(bns, sweep, cfg, env)
+            runs.print_batchnorm(env, cfg, results["batchnorm"])
         if specs:  # --- C: mixed precision ------------------------------------------------------
-            results["precision"] = part_precision.run_all(specs, cfg, env)
+            results["precision"] = mixed_precision.run_all(specs, cfg, env)
+            runs.print_mixed_precision(env, cfg, results["precision"])
         if loop is not None:  # --- the exercise ---------------------------------------------------
             results["exercise"] = exercise.run(loop, cfg, env)
 

@@ -250,9 +250,10 @@ def address_space_limit(budget_bytes: int | None):
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-def ddp_bucket_collector():
-    """A DDP communication hook that all-reduces as DDP would and remembers each bucket's
-    buffer, so the tracker can be told about memory DDP allocated before the tracked step."""
+def ddp_buckets(model) -> dict[int, torch.Tensor]:
+    """Registers a DDP communication hook on ``model`` that all-reduces as DDP would and
+    remembers each bucket's buffer, so the tracker can be told about memory DDP allocated before
+    the tracked step; returns those buffers by bucket index, filled as the model trains."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     buckets: dict[int, torch.Tensor] = {}
@@ -262,7 +263,8 @@ def ddp_bucket_collector():
         buckets[bucket.index()] = bucket.buffer()
         return default_hooks.allreduce_hook(process_group, bucket)
 
-    return hook, buckets
+    model.register_comm_hook(None, hook)
+    return buckets
 
 
 def tensor_devices(model: nn.Module, optimizer) -> dict:

@@ -10,8 +10,11 @@ import dataclasses
 
 import torch.distributed as dist
 
+import probes
 from fsdp_course.config import plan_runs
+from fsdp_course.dist import CourseError
 from fsdp_course.measure import MiB
+from fsdp_course.report import table
 from fsdp_course.theory import memory
 
 TRACKED = 2  # the measured step: after two steps (optimizer state exists, DDP rebuilt its buckets)
@@ -72,30 +75,68 @@ def limit_verdict(cfg, prediction: dict) -> str:
 
 def expand(cfg, world_size: int) -> list:
     """One config per variant (each the command line's config with its changes), or just
-    ``cfg``; each checked: a CourseError for a flag a variant cannot set, ValueError with one
-    sentence if a variant makes no sense."""
+    ``cfg``; each checked: a CourseError (one sentence) for a flag a variant cannot set or a
+    variant that makes no sense."""
     variants = [config for config, _ in plan_runs(cfg, with_base=False)]
-    for v in variants:
-        memory.checkpointed_blocks(v.n_layers, v.activation_checkpointing)  # ValueError if bad
-        if v.api == "fsdp2" and v.strategy == "NO_SHARD":
-            raise ValueError("api=fsdp2 has no NO_SHARD: a full replica per rank is strategy=DDP")
-        if v.strategy == "DDP" and (v.cpu_offload != "none" or v.mixed_precision):
-            raise ValueError("strategy=DDP: --cpu-offload and --mixed-precision belong to FSDP "
-                             "here")
-        if v.ac_reentrant and v.api == "fsdp2" and v.strategy != "DDP":
-            raise ValueError("--ac-reentrant: FSDP2's checkpoint() is non-reentrant only "
-                             "(api=classic)")
-        if v.strategy not in memory.STRATEGIES or v.api not in memory.APIS:
-            raise ValueError(f"strategy={v.strategy}, api={v.api}: choose from "
-                             f"{', '.join(memory.STRATEGIES)} and {', '.join(memory.APIS)}")
-        if v.cpu_offload not in ("none", "params", "params-pinned") or v.ac_order not in ("right",
-                                                                                          "wrong"):
-            raise ValueError(f"cpu-offload={v.cpu_offload}, ac-order={v.ac_order}: not a choice")
-        if v.steps <= TRACKED:
-            raise ValueError(f"--steps must be > {TRACKED}: step {TRACKED} is the measured one")
-        if v.rank_memory_mib < 0:
-            raise ValueError("--rank-memory-mib must be >= 0")
+    try:
+        for v in variants:
+            check(v)
+    except ValueError as exc:
+        raise CourseError(str(exc)) from None
     return variants
+
+
+def check(v) -> None:
+    """ValueError with one sentence if the run ``v`` makes no sense."""
+    memory.checkpointed_blocks(v.n_layers, v.activation_checkpointing)  # ValueError if bad
+    if v.api == "fsdp2" and v.strategy == "NO_SHARD":
+        raise ValueError("api=fsdp2 has no NO_SHARD: a full replica per rank is strategy=DDP")
+    if v.strategy == "DDP" and (v.cpu_offload != "none" or v.mixed_precision):
+        raise ValueError("strategy=DDP: --cpu-offload and --mixed-precision belong to FSDP "
+                         "here")
+    if v.ac_reentrant and v.api == "fsdp2" and v.strategy != "DDP":
+        raise ValueError("--ac-reentrant: FSDP2's checkpoint() is non-reentrant only "
+                         "(api=classic)")
+    if v.strategy not in memory.STRATEGIES or v.api not in memory.APIS:
+        raise ValueError(f"strategy={v.strategy}, api={v.api}: choose from "
+                         f"{', '.join(memory.STRATEGIES)} and {', '.join(memory.APIS)}")
+    if v.cpu_offload not in ("none", "params", "params-pinned") or v.ac_order not in ("right",
+                                                                                      "wrong"):
+        raise ValueError(f"cpu-offload={v.cpu_offload}, ac-order={v.ac_order}: not a choice")
+    if v.steps <= TRACKED:
+        raise ValueError(f"--steps must be > {TRACKED}: step {TRACKED} is the measured one")
+    if v.rank_memory_mib < 0:
+        raise ValueError("--rank-memory-mib must be >= 0")
+
+
+def prepare_allocator(cfg) -> None:
+    """Before any thread starts: a run under a memory limit needs freed memory returned to the
+    system at once (probes explains why)."""
+    if cfg.rank_memory_mib or any("rank_memory_mib" in v for v in cfg.variants or ()):
+        probes.return_freed_memory_at_once()
+
+
+def run_all(variants: list, train) -> list[dict]:
+    """``train(config, announce=True)`` for every variant: the runs under a limit first (after a
+    warm-up: threads, gloo buffers), then the others with the allocator keeping freed memory
+    again (faster: probes explains why)."""
+    limited = [v for v in variants if v.rank_memory_mib]
+    for warm_up in warm_ups(limited):
+        train(warm_up, announce=False)
+    results = [train(v) for v in limited]
+    if limited:
+        probes.keep_freed_memory_again()
+    return results + [train(v) for v in variants if not v.rank_memory_mib]
+
+
+def planned(cfg, env, vocab_size: int, announce: bool) -> tuple[str, dict]:
+    """The run's label and the planner's prediction. The planner speaks first: its verdict is
+    printed before the run (not for a warm-up)."""
+    prediction = predict(cfg, env.world_size, vocab_size, env.device.type)
+    if announce:
+        env.print0(f"\n== {label(cfg)} ==  planner: peak {prediction['peak'] / MiB:.2f} MiB/rank "
+                   f"({prediction['peak_moment']})" + limit_verdict(cfg, prediction))
+    return label(cfg), prediction
 
 
 def warm_ups(variants: list) -> list:
@@ -175,3 +216,11 @@ def comparison_rows(results: list[dict], outcomes: list[dict] | None = None) -> 
                 f"failed on {sum(o != 'trained' for o in ranks)}/{len(ranks)} ranks"
         rows.append(row)
     return rows
+
+
+def print_report(env, results: list[dict]) -> list[dict]:
+    """Every rank's outcome, and rank 0's table: planner (predicted) vs trackers (measured)."""
+    outcomes = gather_outcomes(results)
+    env.print0("\nper rank, rank 0: planner (predicted) vs trackers (measured), MiB")
+    env.print0(table(comparison_rows(results, outcomes)))
+    return outcomes

@@ -36,10 +36,10 @@ import probes
 import runs
 from fsdp_course.config import TrainConfig, describe, parse_config, parse_variants
 from fsdp_course.data import load_data
-from fsdp_course.dist import CourseError, distributed, mean_over_ranks
+from fsdp_course.dist import distributed, mean_over_ranks
 from fsdp_course.measure import CommCounter, MiB, state_bytes
 from fsdp_course.model import GPT, Block, lm_loss
-from fsdp_course.report import MetricLogger, table, write_metrics
+from fsdp_course.report import MetricLogger, write_metrics
 
 
 @dataclass
@@ -120,11 +120,7 @@ def shard(model, cfg, env):
 
 def train(cfg, env, data, announce: bool = True) -> dict:
     """Predict, build, train; measure step ``runs.TRACKED`` with the trackers."""
-    prediction = runs.predict(cfg, env.world_size, data.vocab_size, env.device.type)
-    label = runs.label(cfg)
-    if announce:  # the planner speaks first: its verdict is printed before the run
-        env.print0(f"\n== {label} ==  planner: peak {prediction['peak'] / MiB:.2f} MiB/rank "
-                   f"({prediction['peak_moment']})" + runs.limit_verdict(cfg, prediction))
+    label, prediction = runs.planned(cfg, env, data.vocab_size, announce)
     if env.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(env.device)
     result = {"label": label, "config": dict(cfg.__dict__), "prediction": prediction}
@@ -137,9 +133,8 @@ def train(cfg, env, data, announce: bool = True) -> dict:
             model = shard(model, cfg, env)
             # --- optimizer: after sharding, so it holds the shards ----------------------------
             optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-            bucket_hook, buckets = probes.ddp_bucket_collector()
-            if cfg.strategy == "DDP" and not cfg.rank_memory_mib:  # the tracker needs the buckets
-                model.register_comm_hook(None, bucket_hook)
+            watch_buckets = cfg.strategy == "DDP" and not cfg.rank_memory_mib  # for the tracker
+            buckets = probes.ddp_buckets(model) if watch_buckets else {}
             # --- loop ----------------------------------------------------------------------------
             logger = MetricLogger(env if announce else runs.quiet(env), cfg.log_every)
             for step in range(cfg.steps):
@@ -186,31 +181,16 @@ def train(cfg, env, data, announce: bool = True) -> dict:
 
 def main() -> None:
     cfg = parse_config(Config, __doc__)
-    if cfg.rank_memory_mib or any("rank_memory_mib" in v for v in cfg.variants or ()):
-        probes.return_freed_memory_at_once()  # before any thread starts (probes explains why)
+    runs.prepare_allocator(cfg)  # before any thread starts (probes explains why)
     with distributed(seed=cfg.seed) as env:
         # --- setup ---------------------------------------------------------------------------
-        try:
-            variants = runs.expand(cfg, env.world_size)
-        except ValueError as exc:
-            raise CourseError(str(exc)) from None
+        variants = runs.expand(cfg, env.world_size)
         env.print0(f"lesson 7 | {env.world_size} ranks | {env.backend} on {env.device.type} | "
                    f"{describe(cfg)}")
         data = load_data(cfg.data, seed=cfg.seed)
-        # The runs under a limit first (after a warm-up: threads, gloo buffers), then the others
-        # with the allocator keeping freed memory again (faster: probes explains why).
-        limited = [v for v in variants if v.rank_memory_mib]
-        for warm_up in runs.warm_ups(limited):
-            train(warm_up, env, data, announce=False)
-        results = [train(v, env, data) for v in limited]
-        if limited:
-            probes.keep_freed_memory_again()
-        results += [train(v, env, data) for v in variants if not v.rank_memory_mib]
-
+        results = runs.run_all(variants, lambda v, announce=True: train(v, env, data, announce))
         # --- report ----------------------------------------------------------------------------
-        outcomes = runs.gather_outcomes(results)
-        env.print0("\nper rank, rank 0: planner (predicted) vs trackers (measured), MiB")
-        env.print0(table(runs.comparison_rows(results, outcomes)))
+        outcomes = runs.print_report(env, results)
         write_metrics(cfg.metrics, "lesson7", env, cfg, results[-1].get("history", []),
                       {"runs": results, "outcomes": outcomes})
 

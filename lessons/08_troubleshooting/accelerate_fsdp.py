@@ -8,6 +8,8 @@ shards the model. Where it does not (CPU ranks: accelerate 1.x enables FSDP only
 accelerator devices), it says so, then applies the same config by hand: accelerate's own
 ``FullyShardedDataParallelPlugin`` (built from the variables ``accelerate launch`` set) turned
 into the course's ``fully_shard`` calls. Either way: per-rank bytes vs the FSDP2 theory.
+A script of its own, with its config ``accelerate_fsdp.yaml``: what a learner runs under
+``accelerate launch``, beside ``train.py`` (which torchrun runs).
 """
 
 import os

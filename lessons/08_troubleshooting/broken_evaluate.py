@@ -1,5 +1,6 @@
-"""The evaluation plugged into lesson 8's broken job (the exercise). Something in it stops the
-training job it is plugged into. Run it, find out what and why, then write a fixed evaluate:
+"""The evaluation plugged into lesson 8's broken job (the exercise: the learner's file, standalone).
+Something in it stops the training job it is plugged into. Run it, find out what and why, then
+write a fixed evaluate:
 
     COURSE_TIMEOUT_S=10 bash launch/lesson8.sh --steps 4 \
         --eval-module lessons/08_troubleshooting/broken_evaluate.py

@@ -1,5 +1,6 @@
 """The failures lesson 8 reproduces, each as it happens in real jobs, and what a rank can tell
-about itself when one strikes (its flight recorder, its memory budget).
+about itself when one strikes (its flight recorder, its memory budget). The exercise (a learner's
+``evaluate`` that stops the job) is checked in ``runs.py``.
 
 - ``uneven-data``: the last rank's data runs out one step early (a shard with fewer batches):
   it leaves the loop and waits at the end, while the others start another step's all-gather.
@@ -99,39 +100,3 @@ def is_collective_error(exc: BaseException) -> bool:
 def say_rank(rank: int, line: str) -> None:
     """One whole line on stderr (several ranks share it)."""
     os.write(2, f"[rank {rank}] {line}\n".encode())
-
-
-# --- the exercise: a learner's evaluate(model, batch, env), called by every rank ------------------
-
-EVAL_SEED_OFFSET = 100_000  # held-out batches: steps no training batch ever uses
-
-
-def eval_batch(data, step: int, rank: int, world_size: int, cfg):
-    """This rank's rows of the held-out batch after ``step`` (all ranks' rows: the global one)."""
-    return data.batch(EVAL_SEED_OFFSET + step, rank, world_size, cfg.batch_size, cfg.seq_len)
-
-
-def compare_eval(value, model, data, cfg, env) -> dict:
-    """The exercise's result: what ``evaluate`` returned on rank 0 after the last evaluated step,
-    next to one process's loss on the whole held-out batch (collective: every rank calls it)."""
-    last = max(s for s in range(cfg.steps) if s % 2 == 1)
-    result = {"value": value, "step": last,
-              "reference": reference_eval(model, data, last, cfg, env)}
-    env.print0(f"held-out loss: yours {value}, one process on the global batch "
-               f"{result['reference']:.6f}")
-    return result
-
-
-def reference_eval(model, data, step: int, cfg, env) -> float:
-    """The held-out loss of the global eval batch in one process, from the gathered weights
-    (collective: every rank calls it)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    from fsdp_course.model import GPT, lm_loss
-
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    reference = GPT(cfg.model_config(data.vocab_size))
-    reference.load_state_dict(full)
-    x, y = data.batch(EVAL_SEED_OFFSET + step, 0, 1, cfg.batch_size * env.world_size, cfg.seq_len)
-    with torch.no_grad():
-        return lm_loss(reference(x), y).item()

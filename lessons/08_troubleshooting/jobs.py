@@ -1,6 +1,7 @@
-"""Lesson 8's lab bench (notebook and tests): launch a job the way a learner would, watch it,
-and diagnose it with the real tools: the ranks' messages, ``py-spy dump`` of every rank,
-torchrun's root-cause report, two agents as two nodes, SLURM.
+"""Lesson 8's jobs (notebook and tests): launch one the way a learner would, watch it, wait for it,
+time the line that names its failure; as a hung job whose ranks are dumped, on two agents as two
+nodes, in the background as in another terminal, through SLURM. Every output line is kept with
+its arrival time; ``diagnosis.py`` reads what the lines, the stacks and torchrun's report say.
 
 Every launch prints its command; every time is measured from the job's own output lines.
 """
@@ -11,7 +12,6 @@ import contextvars
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -21,11 +21,11 @@ import uuid
 from pathlib import Path
 
 from course_lab.notebook import REPO, LaunchProgress, LessonRun, _in_notebook, lesson_env, show_log
+from diagnosis import dump_stack, root_cause, waiting_line, worker_pids
 
 LESSON_DIR = Path(__file__).resolve().parent
 SCRIPT = LESSON_DIR / "train.py"
 STEP_LINE = re.compile(r"^\s+(\d+) \|")
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class Job:
@@ -120,57 +120,7 @@ def torchrun(*args, nproc: int = 2, env: dict | None = None) -> Job:
                f"--nproc-per-node={nproc}", str(SCRIPT.relative_to(REPO)), *map(str, args)]
     return Job(command, lesson_env(nproc, env), shown=env)
 
-
-# --- hangs: find the workers, dump their stacks --------------------------------------------------
-
-def worker_pids(root_pid: int) -> dict[int, int]:
-    """{rank: pid} of the torchrun workers below ``root_pid`` (read from /proc: RANK in their
-    environment), as a learner would find them with ``ps`` on each node."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = {}, [root_pid]
-    while todo:
-        pid = todo.pop()
-        todo += children.get(pid, [])
-        try:
-            environ = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        env = dict(kv.split(b"=", 1) for kv in environ if b"=" in kv)
-        if b"RANK" in env and b"TORCHELASTIC_RUN_ID" in env and b"LOCAL_RANK" in env:
-            found[int(env[b"RANK"])] = pid
-    return found
-
-
-def py_spy() -> str:
-    found = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    if not Path(found).exists():
-        raise FileNotFoundError("py-spy is not installed: pip install py-spy")
-    return found
-
-
-def dump_stack(pid: int) -> str:
-    """``py-spy dump --pid PID``: the Python stack of every thread of a live process."""
-    result = subprocess.run([py_spy(), "dump", "--pid", str(pid)], capture_output=True, text=True,
-                            timeout=20)
-    return ANSI.sub("", result.stdout + result.stderr)  # py-spy colours its output
-
-
-def waiting_line(stack: str, prefer: str = "train.py") -> dict:
-    """The innermost frame of the main thread (where it waits), and the innermost frame in
-    ``prefer`` (the line of the learner's own script that called it)."""
-    main = stack.split("\nThread ")[1] if "\nThread " in stack else stack
-    frames = re.findall(r"^\s+(\S+) \(([^)]+)\)$", main, flags=re.M)
-    ours = next(((fn, where) for fn, where in frames if prefer in where), None)
-    return {"innermost": " ".join(frames[0]) if frames else "?",
-            "script_line": " ".join(ours) if ours else "?"}
-
+# --- broken jobs: wait, dump, time the line that names the cause --------------------------------
 
 def hang_and_dump(*args, timeout_s: int = 8, settle_s: float = 0.5, env: dict | None = None,
                   nproc: int = 2) -> dict:
@@ -225,41 +175,6 @@ def run_and_diagnose(*args, pattern: str, env: dict | None = None, nproc: int = 
     return result
 
 
-def own_collectives(output: str) -> dict[str, dict]:
-    """From ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` messages: the collective each rank says IT is
-    running (``Rank N is running collective: CollectiveFingerPrint(SequenceNumber=S, OpType=OP``).
-    The other side of each message ("but Rank M is running ...") is the checker's own exchange
-    of fingerprints, not the peer's training collective."""
-    found = re.findall(r"\[rank (\d+)\] error: .*?Rank \1 is running collective: "
-                       r"CollectiveFingerPrint\(SequenceNumber=(\d+), OpType=(\w+)", output)
-    return {rank: {"sequence": int(seq), "op": op} for rank, seq, op in found}
-
-
-def _report_entry(body: str) -> dict:
-    """One failure of torchrun's report as fields; ``exception``: its traceback's last line."""
-    fields = dict(re.findall(r"^\s{2}(\w+)\s*: (.*)$", body, flags=re.M))
-    after = body.split("traceback :", 1)[-1].splitlines()
-    # not the report's ---- separator
-    traceback_lines = [line.strip() for line in after if line.strip().strip("-")]
-    fields["exception"] = traceback_lines[-1] if traceback_lines else ""
-    return fields
-
-
-def root_cause(output: str) -> dict:
-    """torchrun's 'Root Cause (first observed failure)' section, field by field, with the error
-    file it names; ``others``: the report's other failures (the echoes)."""
-    head, found, tail = output.partition("Root Cause (first observed failure):")
-    if not found:
-        return {}
-    fields = _report_entry(tail.split("=====", 1)[0])
-    error_file = fields.get("error_file", "")
-    if error_file and Path(error_file).is_file():
-        fields["error_file_json"] = json.loads(Path(error_file).read_text())
-    others = head.rpartition("Failures:")[2]
-    fields["others"] = [_report_entry(b) for b in re.split(r"^\[\d+\]:$", others, flags=re.M)[1:]]
-    return fields
-
-
 # --- two agents on this machine as two nodes ----------------------------------------------------
 
 def free_port() -> int:
@@ -283,154 +198,6 @@ def two_nodes(*args, nproc: int = 2, env: dict | None = None, timeout: float = 3
     data = json.loads(metrics.read_text()) if metrics.exists() else None
     return {"returncodes": codes, "outputs": [job.output for job in jobs], "metrics": data,
             "wall_s": round(max(job.lines[-1][0] for job in jobs if job.lines), 1)}
-
-
-# --- what torch itself says: default timeouts, the GPU-only knobs -------------------------------
-
-TORCH = Path(__import__("torch").__file__).resolve().parent
-C10D_HEADERS = TORCH / "include" / "torch" / "csrc" / "distributed" / "c10d"
-
-
-def _header_constant(header: str, name: str) -> str | None:
-    """``constexpr auto NAME = std::chrono::milliseconds(EXPR);`` -> EXPR, from torch's headers."""
-    path = C10D_HEADERS / header
-    if not path.is_file():
-        return None
-    match = re.search(rf"{name}\s*=\s*std::chrono::milliseconds\(([^)]*)\)", path.read_text())
-    return match.group(1).strip() if match else None
-
-
-def default_timeouts() -> list[dict]:
-    """The collective timeout a process group gets when ``init_process_group`` is given none:
-    gloo from ``torch.distributed.constants`` (Python), NCCL from ``ProcessGroupNCCL.hpp``
-    (a CPU build of torch has no NCCL, so its Python constant is None)."""
-    from torch.distributed import constants
-
-    nccl_ms = _header_constant("ProcessGroupNCCL.hpp", "kProcessGroupNCCLDefaultTimeout")
-    nccl = constants.default_pg_nccl_timeout
-    header_s = eval(nccl_ms, {}) / 1000 if nccl_ms else None
-    nccl_s = nccl.total_seconds() if nccl is not None else header_s
-    return [
-        {"backend": "gloo (and every non-NCCL backend)",
-         "default": str(constants.default_pg_timeout),
-         "seconds": constants.default_pg_timeout.total_seconds(),
-         "source": "torch/distributed/constants.py: default_pg_timeout"},
-        {"backend": "nccl", "default": f"{nccl_s / 60:g} min" if nccl_s else "?", "seconds": nccl_s,
-         "source": "ProcessGroupNCCL.hpp: kProcessGroupNCCLDefaultTimeout = "
-                   f"milliseconds({nccl_ms})"},
-    ]
-
-
-def nccl_error_handling_modes() -> dict:
-    """``TORCH_NCCL_ASYNC_ERROR_HANDLING``'s modes, its default and what each mode does, read
-    from ``ProcessGroupNCCL.hpp`` (the ``ErrorHandlingMode`` enum, the comment that names the
-    default, and the ``SHOULD_CLEAN_UP`` / ``SHOULD_TEAR_DOWN`` macros the watchdog consults)."""
-    text = (C10D_HEADERS / "ProcessGroupNCCL.hpp").read_text(errors="replace")
-    enum = re.search(r"enum ErrorHandlingMode \{([^}]*)\}", text)
-    modes = {int(v): k for k, v in re.findall(r"(\w+)\s*=\s*(\d+)", enum.group(1))} if enum else {}
-    default = re.search(r"the default value \((\d+) - (\w+)\)", text)
-    macros = dict(re.findall(r"#define (SHOULD_CLEAN_UP|SHOULD_TEAR_DOWN)\(a\) \((.*)\)", text))
-
-    def holds(macro: str, mode: str) -> bool:  # evaluate "a != NoHandling && a != SkipCleanUp"
-        return all(mode != other for other in re.findall(r"a != (\w+)", macros.get(macro, "")))
-
-    return {"modes": {v: {"name": name,
-                          "aborts the NCCL communicators": holds("SHOULD_CLEAN_UP", name),
-                          "tears the process down": holds("SHOULD_TEAR_DOWN", name)}
-                      for v, name in modes.items()},
-            "default": int(default.group(1)) if default else None}
-
-
-def gloo_interface_check(names=("no-such-nic0", "lo"), world_size: int = 2) -> list[dict]:
-    """``GLOO_SOCKET_IFNAME`` at work: for each name, ``world_size`` gloo ranks (threads of this
-    process sharing one store) build their process group as ``init_process_group("gloo")`` does
-    (``ProcessGroupGloo`` reads the variable when it is built, to pick the interface it binds
-    and connects on), then all-reduce ``rank + 1``. An interface this machine lacks fails with
-    gloo's own message."""
-    from concurrent.futures import ThreadPoolExecutor
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-
-    def rank(store, r):
-        group = dist.ProcessGroupGloo(store, r, world_size, timedelta(seconds=10))
-        x = torch.tensor([float(r + 1)])
-        group.allreduce([x]).wait()
-        return x.item()
-
-    saved, rows = os.environ.get("GLOO_SOCKET_IFNAME"), []
-    try:
-        for name in names:
-            os.environ["GLOO_SOCKET_IFNAME"] = name
-            store = dist.PrefixStore(f"ifname-{name}", dist.HashStore())
-            with ThreadPoolExecutor(world_size) as pool:
-                futures = [pool.submit(rank, store, r) for r in range(world_size)]
-                try:
-                    sums = [f.result() for f in futures]
-                    result = f"{world_size} ranks connected; all-reduce of rank + 1: {sums}"
-                except RuntimeError as exc:
-                    result = f"{type(exc).__name__}: {exc}"
-            rows.append({"GLOO_SOCKET_IFNAME": name, "result": result})
-    finally:
-        if saved is None:
-            os.environ.pop("GLOO_SOCKET_IFNAME", None)
-        else:
-            os.environ["GLOO_SOCKET_IFNAME"] = saved
-    return rows
-
-
-# (variable, what it does, evidence key: what a run of this lesson showed, or None: NCCL only)
-KNOBS = [
-    ("TORCH_DISTRIBUTED_DEBUG=DETAIL",
-     "checks every collective's op and shapes across ranks; names the mismatch",
-     "TORCH_DISTRIBUTED_DEBUG"),
-    ("TORCH_FR_BUFFER_SIZE (TORCH_NCCL_TRACE_BUFFER_SIZE)",
-     "flight recorder: ring buffer of each process's last collectives "
-     "({fr_default} entries by default)",
-     "TORCH_FR_BUFFER_SIZE"),
-    ("GLOO_SOCKET_IFNAME", "the network interface gloo uses", "GLOO_SOCKET_IFNAME"),
-    ("NCCL_DEBUG=INFO / WARN",
-     "NCCL's own log: topology, rings, transports (NVLink, IB, sockets), errors", None),
-    ("NCCL_SOCKET_IFNAME",
-     "the network interface NCCL bootstraps and talks on (e.g. eth0, ^docker)", None),
-    ("TORCH_NCCL_ASYNC_ERROR_HANDLING",
-     "what the watchdog does on a timeout or NCCL error: one of four modes "
-     "(nccl_error_handling_modes() reads them and the default from the header)", None),
-    ("TORCH_NCCL_DUMP_ON_TIMEOUT",
-     "write the flight recorder to files when a collective times out", None),
-    ("TORCH_NCCL_BLOCKING_WAIT",
-     "wait() blocks and raises on timeout instead of the async watchdog", None),
-    ("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC",
-     "the monitor thread aborts a process whose watchdog is stuck", None),
-]
-
-
-def gpu_knobs(evidence: dict[str, bool] | None = None) -> list[dict]:
-    """The table above: each variable looked up in this torch's own files, and "verified here"
-    from ``evidence`` (what this lesson's runs showed), "no" for the NCCL-only ones."""
-    evidence = evidence or {}
-    files = [C10D_HEADERS / "ProcessGroupNCCL.hpp", C10D_HEADERS / "FlightRecorder.hpp",
-             TORCH / "distributed" / "distributed_c10d.py",
-             TORCH / "nn" / "parallel" / "distributed.py"]
-    texts = {f.name: f.read_text(errors="replace") for f in files if f.is_file()}
-    fr_default = re.search(r'"TORCH_NCCL_TRACE_BUFFER_SIZE"\}, (\d+)\)',
-                           texts.get("FlightRecorder.hpp", ""))
-    rows = []
-    for variable, does, key in KNOBS:
-        does = does.format(fr_default=fr_default.group(1) if fr_default else "?")
-        name = variable.split("=")[0].split(" ")[0]
-        found = [file for file, text in texts.items() if name in text]
-        if key is None:
-            verified = "no (NCCL only; no GPU here)"
-        else:
-            shown = evidence.get(key)
-            verified = "yes, in this lesson's runs" if shown else "not shown by this run"
-        rows.append({"variable": variable, "what it does": does,
-                     "named in torch 2.13": ", ".join(found) or "(NCCL's own variable)",
-                     "verified here": verified})
-    return rows
-
 
 # --- a run shared between the notebook and the tests ---------------------------------------------
 

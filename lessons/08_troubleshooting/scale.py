@@ -1,6 +1,7 @@
-"""Lesson 8's scale-out plumbing: which node each rank is on, the device meshes, a collective
-counter that splits bytes into intra-node and inter-node, the tensor-parallel plan, and the DCP
-checkpoint a restarted job resumes from.
+"""Beyond one machine (lesson 8): which node each rank is on, the device meshes (FSDP, HSDP, data x
+tensor), the tensor-parallel plan, a collective counter that splits bytes into intra-node and
+inter-node, plain FSDP over all nodes for contrast, and the DCP checkpoint a restarted job
+resumes from.
 
 torchrun numbers ranks node by node; each worker also gets ``GROUP_RANK`` (its agent's node
 index) and ``LOCAL_WORLD_SIZE``. Two agents on one machine are two "nodes" to torchrun, with
@@ -154,60 +155,6 @@ def placements_table(model) -> list[dict]:
     return rows
 
 
-def nothing():
-    from contextlib import nullcontext
-
-    return nullcontext()
-
-
-def validate(cfg, env) -> None:
-    """Bad layouts: one line (CourseError), never a stack trace from DeviceMesh."""
-    from fsdp_course.dist import CourseError
-
-    if cfg.replicas > 1 and cfg.tp > 1:
-        raise CourseError("--replicas and --tp together (3-D) are not part of this lesson: "
-                          "pick one")
-    for name, value in (("--replicas", cfg.replicas), ("--tp", cfg.tp)):
-        if value < 1 or env.world_size % value:
-            raise CourseError(f"{name} {value} must divide the world size {env.world_size}")
-    if cfg.kill_node_at_step is not None:
-        if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) < 1 or not cfg.ckpt_every:
-            raise CourseError("--kill-node-at-step needs MAX_RESTARTS=1 and --ckpt-every N: "
-                              "the job must restart and find a checkpoint")
-
-
-def grad_check(model, data, cfg, env, step: int) -> dict:
-    """This step's gradients of the sharded model vs one process on the whole global batch,
-    from the same weights (gathered from the shards: works after a resume too)."""
-    import logging
-
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    from fsdp_course.model import GPT
-
-    # Gathering TP x FSDP shards logs a warning per tensor ("2 sequential all_gather"): noise here.
-    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    reference = GPT(cfg.model_config(data.vocab_size)).to(env.device)
-    reference.load_state_dict(full)
-    dp_size, dp_rank = env.world_size // cfg.tp, env.rank // cfg.tp
-    x, y = data.batch(step, 0, 1, cfg.batch_size * dp_size, cfg.seq_len, env.device)
-    reference_loss = lm_loss(reference(x), y)
-    reference_loss.backward()
-    x, y = data.batch(step, dp_rank, dp_size, cfg.batch_size, cfg.seq_len, env.device)
-    loss = lm_loss(model(x), y)
-    loss.backward()
-    worst = 0.0
-    for p, q in zip(model.parameters(), reference.parameters()):
-        grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-        worst = max(worst, (grad - q.grad).abs().max().item())
-    model.zero_grad(set_to_none=True)
-    from fsdp_course.dist import mean_over_ranks  # tensor-parallel partners hold the same loss
-
-    return {"step": step, "max_abs_diff": worst, "params": len(list(reference.parameters())),
-            "loss": mean_over_ranks(loss), "reference_loss": reference_loss.item()}
-
-
 def measure_flat(cfg, env, reference, data, nodes, mesh, shapes) -> dict:
     """One step of plain fully_shard over all ranks (1-D mesh), bytes split by link."""
     from torch.distributed.fsdp import fully_shard
@@ -228,29 +175,6 @@ def measure_flat(cfg, env, reference, data, nodes, mesh, shapes) -> dict:
             "theory": hsdp.flat_collective_bytes(shapes, len(set(nodes)), per_node)}
 
 
-def theory_for(cfg, world_size: int, shapes) -> dict:
-    """The payload bytes per link the measured step should show (``fsdp_course.theory``)."""
-    from fsdp_course.theory import fsdp2, hsdp
-
-    if cfg.replicas > 1:
-        return hsdp.hsdp_collective_bytes(shapes, cfg.replicas, world_size // cfg.replicas)
-    if cfg.tp > 1:  # the all-reduces tensor parallelism adds (FSDP's own bytes shrink by tp)
-        return {"intra": {"all_reduce": hsdp.tp_mlp_all_reduce_bytes(
-            cfg.batch_size, cfg.seq_len, cfg.d_model, cfg.n_layers)}, "inter": {}}
-    return {"intra": fsdp2.collective_bytes_theory(shapes, world_size), "inter": {}}
-
-
-def scope_rows(collectives: dict, theory: dict | None) -> list[dict]:
-    """Rows 'link | collective | calls | group | measured bytes | theory bytes'."""
-    rows = []
-    for scope in ("intra", "inter"):
-        for kind, entry in sorted(collectives.get(scope, {}).items()):
-            rows.append({"link": f"{scope}-node", "collective": kind, "calls": entry["calls"],
-                         "group": entry["group_size"], "bytes": entry["bytes"],
-                         "theory": (theory or {}).get(scope, {}).get(kind, "")})
-    return rows
-
-
 def save_checkpoint(root, model, optimizer, step, env):
     model_sd, optim_sd = get_state_dict(model, optimizer)  # this rank's DTensor shards
     # written to a temporary folder, renamed into place once all ranks wrote
@@ -265,23 +189,3 @@ def load_checkpoint(path, model, optimizer) -> int:
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"])
     return state["step"]
-
-
-def print_report(env, results: dict) -> None:
-    from fsdp_course.report import table
-
-    if "bitwise" in results:
-        env.print0("restarted run vs uninterrupted run: bitwise equal = "
-                   f"{results['bitwise']['equal']} "
-                   f"({results['bitwise']['tensors']} tensors)")
-    if "grad_check" in results:
-        check = results["grad_check"]
-        env.print0(f"step {check['step']} gradients vs one process on the global batch: "
-                   f"max |diff| = {check['max_abs_diff']:.2e} over {check['params']} parameters; "
-                   f"loss {check['loss']:.6f} vs {check['reference_loss']:.6f}")
-    env.print0("\nbytes per collective in one step, by link (payload; theory from "
-               "fsdp_course.theory):")
-    env.print0(table(scope_rows(results["collectives"], results.get("theory"))))
-    if "flat" in results:
-        env.print0("\nthe same step with plain FSDP over all ranks (a 1-D mesh across the nodes):")
-        env.print0(table(scope_rows(results["flat"]["collectives"], results["flat"]["theory"])))

@@ -18,6 +18,7 @@
 While a job hangs, `py-spy dump --pid PID` on each rank's process shows where it waits.
 """
 
+import contextlib
 import copy
 import os
 import shutil
@@ -35,6 +36,7 @@ from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the lesson's own modules
 import faults
+import runs
 import scale
 from fsdp_course import checkpoint as ckpt
 from fsdp_course.config import TrainConfig, describe, parse_config
@@ -101,7 +103,7 @@ def train(cfg, env, data, model, optimizer, start, counter=None, logger=None, sa
         x, y = data.batch(step, dp_rank, dp_size, rows, cfg.seq_len, env.device)
         start_time = time.perf_counter()
         watched = counter is not None and step == start  # bytes are counted in the first step only
-        with counter if watched else scale.nothing():
+        with counter if watched else contextlib.nullcontext():
             loss = lm_loss(model(x), y)
             loss.backward()
         optimizer.step()
@@ -116,8 +118,7 @@ def train(cfg, env, data, model, optimizer, start, counter=None, logger=None, sa
                        sum(state_bytes(model, optimizer).values()) / MiB,
                        counter.total_bytes / MiB if watched else None, last=step == cfg.steps - 1)
         if evaluate is not None and step % 2 == 1:  # the exercise: every rank calls it
-            batch = faults.eval_batch(data, step, env.rank, env.world_size, cfg)
-            eval_value = evaluate(model, batch, env)
+            eval_value = evaluate(model, runs.eval_batch(data, step, env, cfg), env)
             env.print0(f"      held-out loss after step {step}: {eval_value}")
         if save and cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0:
             scale.save_checkpoint(cfg.ckpt_dir, model, optimizer, step + 1, env)
@@ -128,7 +129,7 @@ def train(cfg, env, data, model, optimizer, start, counter=None, logger=None, sa
 def run(cfg, env):
     # --- setup -------------------------------------------------------------------------------
     ckpt.quiet_state_dict_warnings()
-    scale.validate(cfg, env)
+    runs.validate(cfg, env)
     nodes = scale.node_of_every_rank(env)
     # Each agent counts only its own workers' failures: a node restarted because ANOTHER node
     # failed can read 0. Restarted or not is decided by all ranks together.
@@ -142,9 +143,8 @@ def run(cfg, env):
     torch.manual_seed(cfg.seed)
     reference = GPT(cfg.model_config(data.vocab_size)).to(env.device)
     model, optimizer = build(cfg, reference, fsdp_mesh, tp_mesh)
-    results = {"nodes": nodes, "mesh": {"shape": list(mesh.shape),
-                                        "names": list(mesh.mesh_dim_names)},
-               "restart_count": restart, "restart_counts": restart_counts,
+    results = {"nodes": nodes, "restart_count": restart, "restart_counts": restart_counts,
+               "mesh": {"shape": list(mesh.shape), "names": list(mesh.mesh_dim_names)},
                "placements": scale.placements_table(model)}
 
     # --- checkpoint: a restarted job resumes from the newest complete checkpoint ------------------
@@ -159,7 +159,7 @@ def run(cfg, env):
 
     # --- loop --------------------------------------------------------------------------------
     counter, logger = scale.ScopedCommCounter(nodes), MetricLogger(env, cfg.log_every)
-    results["grad_check"] = scale.grad_check(model, data, cfg, env, start)
+    results["grad_check"] = runs.grad_check(model, data, cfg, env, start)
     if cfg.memory_limit_mib:
         results["memory_limit"] = faults.limit_memory(cfg.memory_limit_mib, env.device)
     evaluate = load_learner(cfg.eval_module, "--eval-module", "evaluate(model, batch, env)"
@@ -168,12 +168,12 @@ def run(cfg, env):
                        restart=restart)
     dist.barrier()  # every rank has finished training before the report
     if evaluate is not None:  # the exercise: rank 0's value vs one process on the global batch
-        results["eval"] = faults.compare_eval(eval_value, model, data, cfg, env)
+        results["eval"] = runs.compare_eval(eval_value, model, data, cfg, env)
 
     # --- report ------------------------------------------------------------------------------
     results["collectives"] = counter.scoped
     shapes = scale.group_shapes(reference)
-    results["theory"] = scale.theory_for(cfg, env.world_size, shapes)  # fsdp_course.theory
+    results["theory"] = runs.theory_for(cfg, env.world_size, shapes)  # fsdp_course.theory
     if cfg.compare_flat:
         results["flat"] = scale.measure_flat(cfg, env, reference, data, nodes, mesh, shapes)
     if cfg.ckpt_every:  # the same run, uninterrupted, in this process: bitwise equal?
@@ -181,7 +181,7 @@ def run(cfg, env):
         train(cfg, env, data, fresh, fresh_opt, 0, save=False)
         results["bitwise"] = ckpt.compare_fingerprints(ckpt.fingerprint(model, optimizer),
                                                        ckpt.fingerprint(fresh, fresh_opt))
-    scale.print_report(env, results)
+    runs.print_report(env, results)
     write_metrics(cfg.metrics, "lesson8", env, cfg, logger.history, results)
 
 

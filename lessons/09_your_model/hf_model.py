@@ -1,6 +1,6 @@
 """Lesson 9's model side: a Hugging Face ``transformers`` model built from its config (no
-download), its decoder blocks found from the model itself, the shipped text as bytes, and the
-checks that compare a sharded model with a plain one.
+download), its decoder blocks found from the model itself, the shipped text as bytes, what
+``fully_shard`` made of it, and the checks that compare a sharded model with a plain one.
 
 ``transformers`` is imported inside the functions that use it (the course's optional extras are
 imported where used).
@@ -156,13 +156,6 @@ def quiet(device: torch.device) -> None:
     warnings.filterwarnings("ignore", message=".*torch.distributed.*")
 
 
-def describe_model(model) -> dict:
-    return {"class": type(model).__name__, "num_params": sum(p.numel() for p in model.parameters()),
-            "no_split_modules": list(model._no_split_modules or []),
-            "block_classes": sorted(c.__name__ for c in block_classes(model)),
-            "config": model.config.to_dict()}
-
-
 def sharding_report(model) -> dict:
     """What fully_shard made of the model: its units, the placements, this rank's share."""
     from torch.distributed.tensor import DTensor
@@ -252,18 +245,3 @@ def get_full(model) -> dict:
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return get_model_state_dict(model, options=options)
-
-
-def print_report(env, results: dict) -> None:
-    train = results.get("train")
-    if train and train["history"]:
-        h = train["history"]
-        env.print0(f"train: loss {h[0]['loss']:.4f} -> {h[-1]['loss']:.4f} in {len(h)} steps; "
-                   f"{len(train['fsdp_units'])} FSDP units; params on this rank "
-                   f"{train['local_param_bytes']:,} of {train['full_param_bytes']:,} B; "
-                   f"{train['garbage_buffers']} buffers refilled after to_empty")
-    ckpt = results.get("checkpoint")
-    if ckpt:
-        resumed = "bitwise" if ckpt["loaded"]["equal"] else "DIFFERENT"
-        env.print0(f"checkpoint: DCP resume {resumed} ({ckpt['loaded']['tensors']} tensors); "
-                   f"next step losses {ckpt['next_losses']}; way in: {ckpt['way_in']}")

@@ -39,24 +39,13 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 import hf_model as hf  # this lesson's model side: config, blocks, corpus, checks
 import zero  # this lesson's DeepSpeed comparison
 from fsdp_course.checkpoint import compare_fingerprints, fingerprint
-from fsdp_course.config import (
-    TrainConfig,
-    describe,
-    flag,
-    int_at_least,
-    list_flag,
-    list_help,
-    parse_config,
-)
+from fsdp_course.config import TrainConfig, describe, flag, int_at_least, list_help, parse_config
 from fsdp_course.dist import distributed, mean_over_ranks
 from fsdp_course.learner import load_learner
 from fsdp_course.measure import MiB
 from fsdp_course.measure_fsdp2 import MemoryProbe
 from fsdp_course.report import MetricLogger, write_metrics
-
-PARTS = ("train", "checkpoint", "compare")
-Parts = list_flag("Parts", PARTS)
-Variants = list_flag("Variants", zero.VARIANTS)
+from runs import PARTS, Parts, Variants, describe_model, print_report
 
 
 @dataclass
@@ -152,16 +141,15 @@ def checkpoints(cfg, env, mesh, config, model, optimizer, data) -> dict:
         torch.save(logits, out / "logits.pt")  # what from_pretrained must reproduce
     # --- resume: a model started from another seed loads the DCP checkpoint -------------------
     other, _ = shard(cfg, env, mesh, config, hf.build_on_rank0(config, env, seed=cfg.seed + 1))
-    other_optimizer = torch.optim.AdamW(other.parameters(), lr=cfg.lr)
-    state = dict(zip(("model", "optim"), get_state_dict(other, other_optimizer)))
+    other_opt = torch.optim.AdamW(other.parameters(), lr=cfg.lr)
+    state = dict(zip(("model", "optim"), get_state_dict(other, other_opt)))
     differs_before = not compare_fingerprints(fingerprint(model), fingerprint(other))["equal"]
     dcp.load(state, checkpoint_id=out / "dcp")
-    set_state_dict(other, other_optimizer, model_state_dict=state["model"],
+    set_state_dict(other, other_opt, model_state_dict=state["model"],
                    optim_state_dict=state["optim"])
-    loaded = compare_fingerprints(fingerprint(model, optimizer),
-                                  fingerprint(other, other_optimizer))
+    loaded = compare_fingerprints(fingerprint(model, optimizer), fingerprint(other, other_opt))
     next_losses = [hf.one_step(m, o, data, cfg, env, cfg.steps)
-                   for m, o in ((model, optimizer), (other, other_optimizer))]
+                   for m, o in ((model, optimizer), (other, other_opt))]
     # --- the way in: rank 0 reads a Hugging Face checkpoint, every rank gets its shards --------
     fresh, _ = shard(cfg, env, mesh, config, hf.build_on_rank0(config, env, seed=cfg.seed + 2))
     set_model_state_dict(fresh, hf.read_safetensors(out / "hf_full") if env.is_rank0 else {},
@@ -188,9 +176,7 @@ def main() -> None:
         env.print0(f"lesson 9 | {env.world_size} ranks | {env.backend} on {env.device.type} | "
                    f"{describe(cfg)}")
         mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("shard",))
-        results = hf.describe_model(reference) if env.is_rank0 else {}
-        env.print0(f"{results.get('class')}: {results.get('num_params', 0):,} parameters, "
-                   f"blocks: {results.get('block_classes')}")
+        results = describe_model(env, reference)
 
         # --- model, shard, optimizer, loop: bf16 compute, fp32 master weights and reduction ----
         if {"train", "checkpoint"} & set(cfg.parts):
@@ -204,9 +190,8 @@ def main() -> None:
         # --- DeepSpeed ZeRO beside FSDP, fp32 ---------------------------------------------
         if "compare" in cfg.parts:
             results["compare"] = zero.compare(cfg, env, mesh, hf.build(config, seed=cfg.seed), data)
-
         # --- report ------------------------------------------------------------------------
-        hf.print_report(env, results)
+        print_report(env, results)
         history = results.get("train", {}).get("history", [])
         write_metrics(cfg.metrics, "lesson9", env, cfg, history, results)
 

@@ -13,17 +13,13 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    set_model_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from detect import compare_across_ranks, model_states, slice_origins
+from detect import compare_across_ranks, full_state, max_diff, model_states, slice_origins
 from fsdp_course.dist import mean_over_ranks
 from fsdp_course.model import GPT, Block, lm_loss
 
@@ -31,21 +27,7 @@ INIT_VARIANTS = ("per-rank-seed", "ddp", "same-seed", "broadcast", "sync-module-
                  "fsdp2-meta", "load-rank0")
 BUGS = ("per-rank-seed", "fsdp2-meta")
 BLOCK_POLICY = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})
-# Classic FSDP gathers on CPU only without offload (offload_to_cpu crashes on CPU ranks).
-FULL = StateDictOptions(full_state_dict=True, cpu_offload=False)
 
-
-def full_state(model) -> dict:
-    """Every parameter and persistent buffer, gathered whole on every rank, by its plain name
-    (works for classic FSDP, FSDP2, DDP and plain modules alike)."""
-    state = get_model_state_dict(model, options=FULL)
-    # FSDP2 hands back DTensors here without cpu_offload: full_tensor() is the whole value.
-    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
-            for k, v in state.items()}
-
-
-def max_diff(a: dict, b: dict) -> float:
-    return max((a[k].double() - b[k].double()).abs().max().item() for k in b)
 
 
 def initialised(model, seed: int):
@@ -174,13 +156,3 @@ def run(variant: str, cfg, env, data, model_cfg, ref: dict) -> dict:
             result["equal_to_reference"] = equal_to_reference(initial, ref["init"])
     return result
 
-
-def summary(runs: list[dict]) -> list[dict]:
-    """One row per variant (rank 0's view), for the script's table and the notebook."""
-    return [{"variant": r["variant"],
-             "ranks differ before wrap": len(r["before_wrap"]["differ"]) if "before_wrap" in r
-             else "-",
-             "after wrap": len(r["after_wrap"]["differ"]),
-             "init diff": r["init_diff"], "loss diff": r["loss_diff"],
-             "final diff": r["final_diff"],
-             "note": r.get("error", "")[:60]} for r in runs]

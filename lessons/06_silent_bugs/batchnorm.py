@@ -19,22 +19,17 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from fsdp_course.config import int_at_least, list_flag
+from allreduce_batchnorm import convert_allreduce_batchnorm
+from detect import dtype_name, rel_error
 from fsdp_course.dist import mean_over_ranks
 from fsdp_course.measure import local_tensor
-from fsdp_course.report import table
 from nets import NormNet, blobs
-from norms import convert_allreduce_batchnorm
 
 BN_VARIANTS = ("batchnorm", "ddp", "syncbn", "allreduce-bn", "layernorm", "groupnorm")
 BUGS = ("batchnorm", "ddp")
 NORM_OF = {"batchnorm": "batchnorm", "ddp": "batchnorm", "syncbn": "batchnorm",
            "allreduce-bn": "batchnorm",
            "layernorm": "layernorm", "groupnorm": "groupnorm"}
-
-
-# --bn-batch-sizes "2,8,32" -> (2, 8, 32): BatchNorm in training needs 2 samples to have a variance
-BatchSizes = list_flag("BatchSizes", item=int_at_least(2))
 
 
 def running_stats(model: nn.Module) -> dict:
@@ -44,13 +39,6 @@ def running_stats(model: nn.Module) -> dict:
 def full_grads(model: nn.Module) -> dict:
     return {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
             for n, p in model.named_parameters()}
-
-
-def rel_error(a: dict, b: dict) -> float:
-    """||a - b|| / ||b|| over all tensors of the dicts (matched by name)."""
-    num = sum(((a[k] - b[k]).double() ** 2).sum() for k in b)
-    den = sum((b[k].double() ** 2).sum() for k in b)
-    return float((num / den).sqrt())
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -90,7 +78,7 @@ def build(variant: str, cfg, env) -> nn.Module:
     model = NormNet(NORM_OF[variant]).to(env.device)
     if variant == "syncbn":      # GPUs: all-gathers mean/var/count in forward (CPU: refused)
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    if variant == "allreduce-bn":  # the same idea in a few lines: norms.py
+    if variant == "allreduce-bn":  # the same idea in a few lines: allreduce_batchnorm.py
         model = convert_allreduce_batchnorm(model)
     if variant == "ddp":  # for contrast: DDP broadcasts rank 0's buffers before every forward
         return DDP(model)
@@ -148,7 +136,7 @@ def layout(model: nn.Module) -> list[dict]:
         for name, t in named:
             rows.append({"name": f"layers.0.{name}", "kind": kind, "class": type(t).__name__,
                          "global shape": list(t.shape), "local shape": list(local_tensor(t).shape),
-                         "dtype": str(t.dtype).replace("torch.", "")})
+                         "dtype": dtype_name(t)})
     return rows
 
 
@@ -170,7 +158,7 @@ def classic_mixed_precision(cfg, env) -> list[dict]:
         arriving, computed = {}, {}
         # returns None: a pre-hook's return value replaces args
         def record(seen, module, args, name):
-            seen.setdefault(name, (str(module.weight.dtype), str(args[0].dtype)))
+            seen.setdefault(name, (dtype_name(module.weight), dtype_name(args[0])))
 
         watched = {name: module for name, module in model.named_modules()
                    if isinstance(module, (nn.Linear, _BatchNorm)) and name.startswith("layers.0")}
@@ -196,11 +184,10 @@ def classic_mixed_precision(cfg, env) -> list[dict]:
         bn = next(m for m in model.modules() if isinstance(m, _BatchNorm))
         for name, (weight, inputs) in arriving.items():
             rows.append({"auto_wrap_policy": "ModuleWrapPolicy" if policy else "none",
-                         "buffer_dtype": str(buffer_dtype).replace("torch.", ""), "module": name,
-                         "weight dtype in forward": weight.replace("torch.", ""),
-                         "input as it arrives": inputs.replace("torch.", ""),
-                         "input it computes with": computed[name][1].replace("torch.", ""),
-                         "running_mean": str(bn.running_mean.dtype).replace("torch.", ""),
+                         "buffer_dtype": dtype_name(buffer_dtype), "module": name,
+                         "weight dtype in forward": weight, "input as it arrives": inputs,
+                         "input it computes with": computed[name][1],
+                         "running_mean": dtype_name(bn.running_mean),
                          "warning": said[0] if said else "", "error": error})
     return rows
 
@@ -224,17 +211,5 @@ def run_all(variants: list[str], sizes: list[int], cfg, env) -> dict:
     refs = {norm: reference(norm, cfg, env, cfg.bn_batch, cfg.steps)
             for norm in {NORM_OF[v] for v in variants}}
     runs = [train(v, cfg, env, cfg.bn_batch, cfg.steps, refs[NORM_OF[v]]) for v in variants]
-    result = {"runs": runs, "sweep": sweep(sizes, cfg, env),
-              "classic_mixed_precision": classic_mixed_precision(cfg, env)}
-    if env.rank == 0:
-        print(f"\nB. BatchNorm: {cfg.bn_batch} samples per rank vs one process on the global batch",
-              flush=True)
-        print(table([{"variant": r["variant"], "output diff": r.get("output_diff", "-"),
-                      "grad rel error": r.get("grad_rel_error", "-"),
-                      "stats across ranks": r.get("stats_across_ranks", "-"),
-                      "stats vs global": r.get("stats_vs_global", "-"),
-                      "loss diff": r.get("loss_diff", "-"),
-                      "note": r.get("error", "")[:50]} for r in runs]), flush=True)
-        print("\nerror vs samples per rank (one step):", flush=True)
-        print(table(result["sweep"]), flush=True)
-    return result
+    return {"runs": runs, "sweep": sweep(sizes, cfg, env),
+            "classic_mixed_precision": classic_mixed_precision(cfg, env)}

@@ -1,4 +1,4 @@
-"""BatchNorm whose statistics are those of the global batch, on any device (lesson 6).
+"""BatchNorm whose statistics are those of the global batch, on any device (lesson 6, part B).
 
 Under data parallelism (DDP, FSDP) a plain ``nn.BatchNorm`` normalises each rank's micro-batch
 with that micro-batch's own mean and variance, and updates its running statistics from it: the

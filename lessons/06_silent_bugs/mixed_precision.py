@@ -6,15 +6,14 @@ A variant is ``API:PARAM/REDUCE[/BUFFER][+MOD...]``: the dtypes of the gathered 
 reduce_dtype)``. Modifiers: ``scaler`` (a gradient scaler: ShardedGradScaler for classic FSDP,
 torch.amp.GradScaler for FSDP2), ``nocast`` (the model does not cast the features it makes in
 forward: the dtype-mismatch bug), ``unit`` (the MLP is its own FSDP unit, which casts its inputs).
+``runs.parse_spec`` reads a variant into the ``runs.Spec`` that ``build`` takes.
 Each variant trains RotaryRegressor and is compared with one fp32 process on the global batch.
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -23,68 +22,16 @@ from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy, fully_s
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-from detect import DtypeProbe
-from fsdp_course.config import list_flag
+from detect import DtypeProbe, dtype_name, rel_error
 from fsdp_course.dist import mean_over_ranks
 from fsdp_course.measure import CommCounter, local_tensor
-from fsdp_course.report import table
 from nets import MAX_POSITION, RotaryRegressor, mse, positions_batch
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-MODS = ("scaler", "nocast", "unit")
 # default 2000: here the scale grows often enough to overflow in a short run
 SCALER_GROWTH_INTERVAL = 4
-DEFAULT_SPECS = ("fsdp2:fp32/fp32", "fsdp2:bf16/fp32", "fsdp2:bf16/bf16", "fsdp2:fp32/bf16",
-                 "classic:bf16/fp32/fp32", "classic:bf16/fp32/bf16",
-                 "fsdp2:bf16/fp32+nocast", "fsdp2:bf16/fp32+nocast+unit",
-                 "classic:fp16/fp16/fp32", "classic:fp16/fp16/fp32+scaler",
-                 "fsdp2:fp16/fp16+scaler")
 
 
-@dataclass(frozen=True)
-class Spec:
-    label: str
-    api: str
-    param: torch.dtype
-    reduce: torch.dtype
-    buffer: torch.dtype | None
-    mods: tuple[str, ...]
-
-
-def default_global_batch(world_size: int, preferred: int = 64) -> int:
-    """64 samples per step where they split over the ranks (1, 2, 4, 8), else the nearest multiple
-    of the rank count (63 on 3 ranks): every rank count runs with the default flags."""
-    return world_size * max(1, round(preferred / world_size))
-
-
-def parse_spec(text: str) -> Spec:
-    bad = (f"{text}: expected API:PARAM/REDUCE[/BUFFER][+MOD...], API fsdp2|classic, "
-           f"dtypes {'|'.join(DTYPES)}, MOD {'|'.join(MODS)} (e.g. classic:bf16/fp32/fp32+scaler)")
-    api, _, rest = text.partition(":")
-    dtypes, *mods = rest.split("+")
-    names = dtypes.split("/")
-    if api not in ("fsdp2", "classic") or not 2 <= len(names) <= 3 or any(n not in DTYPES
-                                                                          for n in names) \
-            or any(m not in MODS for m in mods):
-        raise argparse.ArgumentTypeError(bad)
-    if api == "fsdp2" and len(names) == 3:
-        raise argparse.ArgumentTypeError(f"{text}: FSDP2's MixedPrecisionPolicy has no buffer "
-                                         "dtype "
-                                         "(FSDP2 leaves buffers as they are); give PARAM/REDUCE")
-    return Spec(text, api, DTYPES[names[0]], DTYPES[names[1]],
-                DTYPES[names[2]] if len(names) == 3 else None, tuple(mods))
-
-
-def _checked(label: str) -> str:
-    parse_spec(label)
-    return label
-
-
-# --precision "a,b" -> ("a", "b"), each checked (the config keeps the names; main builds Specs)
-Specs = list_flag("Specs", item=_checked, fold=None)
-
-
-def build(spec: Spec, cfg, env) -> nn.Module:
+def build(spec, cfg, env) -> nn.Module:
     torch.manual_seed(cfg.seed)
     model = RotaryRegressor(cast_features="nocast" not in spec.mods).to(env.device)
     if spec.api == "fsdp2":
@@ -129,7 +76,7 @@ def full_grads(model: nn.Module) -> dict:
     return {n: p.grad.full_tensor().float().cpu() for n, p in model.named_parameters()}
 
 
-def train(spec: Spec, cfg, env, ref: dict) -> dict:
+def train(spec, cfg, env, ref: dict) -> dict:
     start = time.perf_counter()
     model = build(spec, cfg, env)
     inner = model.module if isinstance(model, FSDP) else model
@@ -201,10 +148,6 @@ def angle_error(model: RotaryRegressor) -> float:
     return (angles.double() - exact).abs().max().item()
 
 
-def dtype_name(t: torch.Tensor) -> str:
-    return str(t.dtype).replace("torch.", "")
-
-
 def step0(model: nn.Module, ref: dict, prediction: torch.Tensor) -> dict:
     """Step 0's gradients (after the reduce) against the fp32 process, and the dtypes."""
     grads = full_grads(model)
@@ -218,26 +161,7 @@ def step0(model: nn.Module, ref: dict, prediction: torch.Tensor) -> dict:
                        "grads": dtype_name(local_tensor(grad)), "output": dtype_name(prediction)}}
 
 
-def rel_error(a: dict, b: dict) -> float:
-    num = sum(((a[k] - b[k]).double() ** 2).sum() for k in b)
-    return float((num / sum((b[k].double() ** 2).sum() for k in b)).sqrt())
-
-
-def run_all(specs: list[Spec], cfg, env) -> dict:
+def run_all(specs: list, cfg, env) -> dict:
     ref = reference(cfg, env)
     runs = [train(spec, cfg, env, ref) for spec in specs]
-    if env.rank == 0:
-        print(f"\nC. mixed precision: {env.world_size} ranks, global batch {cfg.global_batch}, "
-              "vs one fp32 process", flush=True)
-        print(table([{"variant": r["label"], "grad rel error": r.get("grad_rel_error", "-"),
-                      "loss diff": r.get("loss_diff", "-"),
-                      "all-gather B": r.get("collectives", {}).get("all_gather", {}).get("bytes",
-                                                                                         "-"),
-                      "reduce B": r.get("collectives", {}).get("reduce_scatter", {}).get("bytes",
-                                                                                         "-"),
-                      "gathered B": r.get("gathered_bytes", "-"),
-                      "note": r.get("error", "")[:60]} for r in runs]), flush=True)
-        print("\ndtypes, read from the tensors during step 0:", flush=True)
-        print(table([{"variant": r["label"], **r["dtypes"]} for r in runs if "dtypes" in r]),
-              flush=True)
     return {"runs": runs, "reference_losses": ref["losses"]}
