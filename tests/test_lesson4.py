@@ -1,7 +1,7 @@
 """Lesson 4 (checkpointing) under torchrun on CPU ranks: the measured facts from the metrics.
 
 The notebook's launches are made here with exactly its flags, paths and NPROC, so a test run
-starts each of them once (course_lab.notebook.launch_lesson shares them): the main run (killed
+starts each of them once (tests/run_cache.py shares them): the main run (killed
 once inside a save, resumed, then the state-dict tour), the rank-0-only hang, the load on 3 ranks
 and the exercise's check of the solution. Only the tests start: classic FSDP's offload on CPU
 ranks, the exercise's check of section 3's own functions (it must fail), and on 1 rank a crash

@@ -5,8 +5,8 @@ Face exports loaded by from_pretrained in this (plain) process with the sharded 
 the way in; DeepSpeed ZeRO-1/2/3 beside FSDP2 and classic FSDP (losses, bytes per rank by
 category, collectives, DeepSpeed's defaults); the exercise's checker; bad flags.
 
-The main launch is the notebook's own (same flags, same NPROC): within one test run the
-notebook's test and these share it (tests/conftest.py); so is the exercise's launch."""
+The main launch is the notebook's own (lessons/09_your_model/launches.toml): within one test run
+the notebook's test and these share it (tests/run_cache.py); so is the exercise's launch."""
 
 from __future__ import annotations
 
