@@ -12,7 +12,7 @@ A declaration is a TOML table per launch::
     bench = true                                                  # optional: launch/bench.py
 
 The command is ``NPROC=nproc bash launch/lessonN.sh *args --variants "a;b"``. An argument like
-``"{run_dir}"`` is a placeholder the caller fills (``run_lesson(4, "main", run_dir=RUN)``): a
+``"{ckpt_dir}"`` is a placeholder the caller fills (``run_lesson(4, "main", ckpt_dir=RUN)``): a
 path that is the caller's own, such as a checkpoint folder.
 """
 

@@ -237,8 +237,8 @@ def run_lesson(
     **fill,
 ) -> dict | LessonRun:
     """Run lesson ``lesson``'s script on ``nproc`` ranks; return its metrics. ``args``: the name
-    of a launch its launches.toml declares (``run_lesson(4, "main", run_dir=RUN)`` fills its
-    ``{run_dir}``), or flags of your own (``nproc`` then defaults to 2).
+    of a launch its launches.toml declares (``run_lesson(4, "main", ckpt_dir=RUN)`` fills its
+    ``{ckpt_dir}``), or flags of your own (``nproc`` then defaults to 2).
 
     ``echo``: "fold" (default) shows the log folded under one line in JupyterLab (printed in
     full elsewhere), True prints it as it comes, False shows nothing. ``check=False`` returns
