@@ -1,25 +1,26 @@
 """Helpers the lesson notebooks share: run a lesson through its launcher, show tables and plots.
 
     from course_lab.notebook import run_lesson, show_table
-    metrics = run_lesson(1, "--strategy", "FULL_SHARD", nproc=2)
+    metrics = run_lesson(1, "two_ranks")                      # declared in its launches.toml
+    metrics = run_lesson(1, "--strategy", "FULL_SHARD", nproc=2)   # your own flags
 
 ``run_lesson`` runs exactly what a learner types in a terminal (``bash launch/lessonN.sh``) and
-returns the metrics file the script wrote. In JupyterLab the cell shows the launch while it runs
-(ranks up, step k of n from rank 0's metric lines, elapsed time), then folds its log under one
+returns the metrics file the script wrote. A lesson's own launches are declared once, by name, in
+``lessons/NN_topic/launches.toml`` (course_lab.launches), which the notebook, the tests and the
+benchmark all read. In JupyterLab the cell shows the launch while it runs (the full command,
+ranks up, step k of n from rank 0's metric lines, elapsed time), then folds its log under one
 short line you can open; the lesson's own tables stay in view. It is the one way the course
 runs a lesson from Python: notebooks, exercise checkers and tests all call it.
 
-Under the test suite (``COURSE_RUN_CACHE`` set by ``tests/conftest.py``) a launch with the
-same lesson, flags, NPROC and environment runs once per test run and is shared: the notebook's
-test and the script's tests assert on the same run instead of starting torchrun twice.
+``COURSE_LAUNCHER=FILE.py:FUNCTION`` hands every launch to ``FUNCTION(lesson, args, nproc, env,
+launch)``, which returns a LessonRun (``launch()`` runs it): the test suite's run cache
+(tests/run_cache.py) shares one launch between a notebook's kernel and the tests that way.
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import html
-import json
+import importlib.util
 import os
 import re
 import shlex
@@ -28,13 +29,14 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
+from course_lab.launches import LaunchError, declared, is_launch_name
 from fsdp_course.report import read_metrics, table
 
 REPO = Path(__file__).resolve().parents[1]
-RUN_CACHE_ENV = "COURSE_RUN_CACHE"
+LAUNCHER_ENV = "COURSE_LAUNCHER"
 
 
 @dataclass
@@ -143,42 +145,72 @@ def run_command(
     )
 
 
-def _cache_path(lesson: int, args: list[str], nproc, extra: dict | None) -> Path | None:
-    root = os.environ.get(RUN_CACHE_ENV)
-    if not root:
-        return None
-    key = json.dumps([lesson, args, str(nproc), sorted((extra or {}).items())], default=str)
-    return Path(root) / f"lesson{lesson}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+def lesson_args(lesson: int, args, nproc=None, env: dict | None = None, **fill):
+    """(flags, NPROC, environment) of a launch: ``args`` are flags, or the name of a launch
+    declared in the lesson's launches.toml (its nproc unless ``nproc`` is given, its env under
+    ``env``, its ``{placeholders}`` filled from ``fill``)."""
+    if is_launch_name(args):
+        if len(args) > 1:
+            raise LaunchError(
+                f"a declared launch takes no more flags: {args[0]!r} then {args[1]!r}"
+            )
+        launch = declared(lesson, args[0])
+        flags = launch.filled(**fill)
+        return flags, launch.nproc if nproc is None else nproc, {**launch.env, **(env or {})}
+    if fill:
+        raise LaunchError(f"{', '.join(fill)}: placeholders fill a declared launch, not flags")
+    return [str(a) for a in args], 2 if nproc is None else nproc, env
 
 
 def launch_lesson(
     lesson: int,
     *args,
-    nproc: int | str | None = 2,
+    nproc: int | str | None = None,
     env: dict | None = None,
     echo: bool = False,
     timeout: float | None = None,
     progress: LaunchProgress | None = None,
+    **fill,
 ) -> LessonRun:
     """``NPROC=nproc bash launch/lessonN.sh *args --metrics FILE``, finished: a LessonRun.
+    ``args``: flags (``nproc`` defaults to 2), or a declared launch's name (lesson_args).
 
-    Never raises for a failed run (``returncode`` says it). Shared within a test run (module doc).
+    Never raises for a failed run (``returncode`` says it). Handed to ``COURSE_LAUNCHER`` when
+    it is set (module doc).
     """
-    args = [str(a) for a in args]
-    cached = _cache_path(lesson, args, nproc, env)
-    if cached is None:
-        return _launch(lesson, args, nproc, env, echo, timeout, progress)
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    with open(cached.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second caller waits for the first one's run
-        if cached.is_file():
-            run = LessonRun(**json.loads(cached.read_text()))
-            if echo:
-                print(run.stdout, end="", flush=True)
-            return run
-        run = _launch(lesson, args, nproc, env, echo, timeout, progress)
-        cached.write_text(json.dumps(asdict(run)))
-        return run
+    args, nproc, env = lesson_args(lesson, args, nproc, env, **fill)
+    launched = []
+
+    def launch() -> LessonRun:
+        launched.append(_launch(lesson, args, nproc, env, echo, timeout, progress))
+        return launched[-1]
+
+    hook = _launcher()
+    if hook is None:
+        return launch()
+    run = hook(lesson, args, nproc, env, launch)
+    if echo and not launched:  # the launcher had it already: show the log all the same
+        print(run.stdout, end="", flush=True)
+    return run
+
+
+_HOOKS: dict = {}
+
+
+def _launcher():
+    """The function ``COURSE_LAUNCHER`` names (``FILE.py:FUNCTION``), or None."""
+    spec = os.environ.get(LAUNCHER_ENV)
+    if not spec:
+        return None
+    if spec not in _HOOKS:
+        path, _, name = spec.rpartition(":")
+        found = importlib.util.spec_from_file_location(f"course_launcher_{len(_HOOKS)}", path)
+        if not path.endswith(".py") or found is None or not Path(path).is_file():
+            raise RuntimeError(f"{LAUNCHER_ENV}={spec}: expected FILE.py:FUNCTION")
+        module = importlib.util.module_from_spec(found)
+        found.loader.exec_module(module)
+        _HOOKS[spec] = getattr(module, name)
+    return _HOOKS[spec]
 
 
 def _launch(lesson, args, nproc, env, echo, timeout, progress=None) -> LessonRun:
@@ -198,22 +230,26 @@ def _launch(lesson, args, nproc, env, echo, timeout, progress=None) -> LessonRun
 def run_lesson(
     lesson: int,
     *args,
-    nproc: int | str | None = 2,
+    nproc: int | str | None = None,
     echo: bool | str = "fold",
     check: bool = True,
     env: dict | None = None,
+    **fill,
 ) -> dict | LessonRun:
-    """Run lesson ``lesson``'s script with ``args`` on ``nproc`` ranks; return its metrics.
+    """Run lesson ``lesson``'s script on ``nproc`` ranks; return its metrics. ``args``: the name
+    of a launch its launches.toml declares (``run_lesson(4, "main", ckpt_dir=RUN)`` fills its
+    ``{ckpt_dir}``), or flags of your own (``nproc`` then defaults to 2).
 
     ``echo``: "fold" (default) shows the log folded under one line in JupyterLab (printed in
     full elsewhere), True prints it as it comes, False shows nothing. ``check=False`` returns
     the finished LessonRun instead (for cells that show a failure: ``returncode``, ``stdout``);
     with ``check=True`` a failed run raises RuntimeError with the last lines of its log.
     """
+    args, nproc, env = lesson_args(lesson, args, nproc, env, **fill)
     live = echo is True
     progress = None
     if echo == "fold" and _in_notebook():
-        progress = LaunchProgress(lesson, [str(a) for a in args], nproc)
+        progress = LaunchProgress(lesson, args, nproc)
     run = launch_lesson(lesson, *args, nproc=nproc, env=env, echo=live, progress=progress)
     if echo == "fold":
         show_log(run, progress)

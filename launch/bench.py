@@ -1,11 +1,13 @@
-"""Time every lesson notebook and lesson script, and measure what the course's instruments cost
-(launch/overhead.py); print a table. Run it with `bash launch/bench.sh`.
+"""Time every lesson notebook and each lesson's benchmarked launches (those its
+lessons/NN_topic/launches.toml marks ``bench = true``: the launcher's defaults), and measure what
+the course's instruments cost (launch/overhead.py); print a table. Run it with
+`bash launch/bench.sh`.
 
 Everything runs in a temporary copy of the repository, so nothing is written into the repo
 (metrics files, checkpoints, executed notebooks, quiz progress). Environment:
   BENCH_ONLY=lesson1   only lesson 1 (comma-separated list; also matches part of a name)
   BENCH_KEEP=1         keep the temporary folder (kept anyway when something failed)
-  NPROC                processes per lesson script (default 2)
+  NPROC                processes per lesson script (default: the launch's declared nproc)
 Exit status 1 when something failed or a notebook ran past its budget.
 """
 
@@ -20,6 +22,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from course_lab.launches import Launch, lesson_launches  # the repository, above
 
 NOTEBOOK_BUDGET_S = 60.0  # the course's promise: each notebook under a minute on 2 CPU cores
 CELL_TIMEOUT_S = 600
@@ -45,12 +50,6 @@ def children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def lesson_number(path: Path) -> int | None:
-    """lessons/01_fsdp_strategies/... -> 1."""
-    m = re.match(r"(\d+)_", path.parent.name)
-    return int(m.group(1)) if m else None
-
-
 def selected(kind: str, name: str, number: int | None, only: list[str]) -> bool:
     if not only:
         return True
@@ -63,15 +62,19 @@ def selected(kind: str, name: str, number: int | None, only: list[str]) -> bool:
     return False
 
 
-def find_items(root: Path, only: list[str]) -> list[tuple[str, str, Path, int | None]]:
+def find_items(root: Path, only: list[str]) -> list[tuple[str, str, Path | Launch, int | None]]:
+    """Each lesson's notebook, then the launches its launches.toml marks for the bench, named
+    by the command (``lesson1.sh`` for the launcher's defaults)."""
     items = []
     for lesson_dir in sorted(p for p in (root / "lessons").glob("[0-9][0-9]_*") if p.is_dir()):
+        n = int(lesson_dir.name[:2])
         for nb in sorted(lesson_dir.glob("*.ipynb")):
-            items.append(("notebook", nb.relative_to(root).as_posix(), nb, lesson_number(nb)))
-        script = lesson_dir / "train.py"
-        if script.is_file():
-            n = lesson_number(script)
-            items.append(("script", f"lesson{n}.sh", script, n))
+            items.append(("notebook", nb.relative_to(root).as_posix(), nb, n))
+        if (lesson_dir / "launches.toml").is_file():
+            for launch in lesson_launches(n, root / "lessons").values():
+                if launch.bench:
+                    name = " ".join([f"lesson{n}.sh", *launch.args])
+                    items.append(("script", name, launch, n))
     return [it for it in items if selected(it[0], it[1], it[3], only)]
 
 
@@ -121,13 +124,16 @@ def run_notebook(path: Path, log: Path, tmp: Path) -> tuple[bool, str]:
             km.shutdown_kernel(now=False)
 
 
-def run_script(root: Path, number: int, log: Path, workdir: Path) -> tuple[bool, str]:
-    launcher = root / "launch" / f"lesson{number}.sh"
+def run_script(root: Path, launch: Launch, log: Path, workdir: Path) -> tuple[bool, str]:
+    launcher = root / "launch" / f"lesson{launch.lesson}.sh"
+    args = launch.filled(**{name: workdir / name for name in launch.placeholders})
+    env = {**os.environ, "NPROC": os.environ.get("NPROC") or str(launch.nproc), **launch.env}
     with open(log, "w") as out:
         try:
             proc = subprocess.run(
-                ["bash", str(launcher)],
+                ["bash", str(launcher), *args],
                 cwd=workdir,
+                env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 timeout=SCRIPT_TIMEOUT_S,
@@ -180,7 +186,6 @@ def main() -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     )
-    os.environ.setdefault("NPROC", "2")
     os.environ["FSDP_COURSE_PROGRESS"] = str(tmp / "progress.json")
     os.environ["JUPYTER_RUNTIME_DIR"] = str(tmp / "jupyter-runtime")
     os.environ.setdefault("MPLBACKEND", "Agg")
@@ -196,15 +201,15 @@ def main() -> int:
         return 1
 
     rows, failures = [], []
-    for kind, name, path, number in items:
+    for kind, name, what, _ in items:  # what: the notebook's path, or the Launch
         print(f"bench: {kind} {name} ...", file=sys.stderr, flush=True)
         log = logs / (re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".log")
         start, cpu_start = time.perf_counter(), children_cpu_seconds()
         if kind == "notebook":
-            ok, why = run_notebook(path, log, tmp)
+            ok, why = run_notebook(what, log, tmp)
             budget = NOTEBOOK_BUDGET_S
         else:
-            ok, why = run_script(root, number, log, work)
+            ok, why = run_script(root, what, log, work)
             budget = None
         seconds = time.perf_counter() - start
         cpu = children_cpu_seconds() - cpu_start

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# launch/bench.sh: time every lesson notebook (budget: 60 s each) and every lesson script
-# (its launcher with default flags, NPROC=2), then print a table and the total.
+# launch/bench.sh: time every lesson notebook (budget: 60 s each) and every lesson script (the
+# launches its launches.toml marks bench = true: the launcher's defaults, NPROC=2), then print a
+# table and the total.
 #
 #   bash launch/bench.sh
 #   BENCH_ONLY=lesson1 bash launch/bench.sh     # one lesson (comma-separated list allowed)
@@ -11,5 +12,4 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 
 course_setup_python
-export NPROC="${NPROC:-2}"
 exec "$PY" "$COURSE_ROOT/launch/bench.py"

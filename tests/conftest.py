@@ -1,17 +1,17 @@
 """Shared fixtures: the repository root, running commands and launchers, a private quiz
-progress file, and one cache of lesson launches per test run. Kept small and generic; lesson
-tests add their own helpers."""
+progress file; one cache of lesson launches per test run (the plugin tests/run_cache.py). Kept
+small and generic; lesson tests add their own helpers."""
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from helpers import PROGRESS_ENV, REPO_ROOT, run_cmd
+
+pytest_plugins = ["run_cache"]  # one launch per (lesson, flags, NPROC, env) per test run
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -58,50 +58,6 @@ def progress_file(tmp_path, monkeypatch) -> Path:
     return path
 
 
-def pytest_configure(config):
-    """One folder of finished lesson launches per test run, shared by every xdist worker and
-    every notebook kernel (they inherit the variable): a launch with the same lesson, flags,
-    NPROC and environment runs once (course_lab.notebook.launch_lesson). Made by the controller
-    before the workers start; a worker finds it already set.
-
-    Every process the tests start (1-rank launches, notebook kernels) gets one OpenMP thread,
-    as torchrun gives each of several ranks: the suite keeps both cores busy with two workers,
-    so a second thread only spins while it waits for work (a 1-rank launch cost about twice the
-    CPU seconds with it)."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("COURSE_RUN_CACHE"):
-        return
-    folder = tempfile.mkdtemp(prefix="fsdp-course-runs-")
-    os.environ["COURSE_RUN_CACHE"] = folder
-    os.environ["COURSE_LAUNCH_LOG"] = os.path.join(folder, "launches.log")
-    config._course_run_cache = folder
-
-
-def pytest_terminal_summary(terminalreporter, config):
-    """How many torchrun launches this test run made (fsdp_course.torchrun notes each one)."""
-    folder = getattr(config, "_course_run_cache", None)
-    if not folder:
-        return
-    try:
-        with open(os.path.join(folder, "launches.log")) as log:
-            launches = log.read().splitlines()
-    except FileNotFoundError:
-        launches = []
-    cached = len([name for name in os.listdir(folder) if name.endswith(".json")])
-    terminalreporter.write_line(
-        f"torchrun launches: {len(launches)} "
-        f"({cached} lesson launches shared through the run cache)"
-    )
-
-
-def pytest_unconfigure(config):
-    folder = getattr(config, "_course_run_cache", None)
-    if folder:
-        shutil.rmtree(folder, ignore_errors=True)
-        os.environ.pop("COURSE_RUN_CACHE", None)
-        os.environ.pop("COURSE_LAUNCH_LOG", None)
-
-
 # The order in which the two workers take the groups: the longest first (from a fresh-clone
 # run of the whole suite, seconds per group with its notebook: lesson8 158, lesson9 (new; about
 # 150 on a busy machine, not yet measured in a whole-suite run), lesson7 152,
@@ -131,7 +87,7 @@ LONGEST_FIRST = (
 def pytest_collection_modifyitems(config, items):
     """Group tests for pytest-xdist (``--dist loadgroup --no-loadscope-reorder`` in
     launch/test.sh): a lesson's script tests and its notebook run on one worker, one after the
-    other, so the launches they share (see pytest_configure) run once and nobody waits on the
+    other, so the launches they share (tests/run_cache.py) run once and nobody waits on the
     other worker; any other file stays whole on one worker (its module fixtures run once).
     Groups are ordered longest first (LONGEST_FIRST), the rest after them as collected."""
     groups = {}

@@ -1,6 +1,7 @@
 """Lesson 0 under torchrun on CPU ranks: what torchrun sets, the collective timeouts, DDP's full
-replica and its all-reduce. The launches are the notebook's own (same flags, same NPROC), so
-within one test run the notebook's test and these share them."""
+replica and its all-reduce. The launches are the notebook's own, declared once in
+lessons/00_torchrun_ddp/launches.toml, so within one test run the notebook's test and these
+share them."""
 
 import os
 import sys
@@ -11,25 +12,21 @@ from fsdp_course import theory
 from helpers import run_cmd
 from lesson_runs import launch, ok
 
-NOTEBOOK_TWO_RANKS = (("--steps", "12"), 2)
-NOTEBOOK_ONE_RANK = (("--steps", "3", "--log-every", "10"), 1)
 
-
-def notebook_launch(flags_and_nproc):
-    flags, nproc = flags_and_nproc
-    proc, metrics = launch(0, *flags, nproc=nproc)
+def notebook_launch(name):
+    proc, metrics = launch(0, name)
     ok(proc)
     return metrics
 
 
 @pytest.fixture(scope="module")
 def ddp2():
-    return notebook_launch(NOTEBOOK_TWO_RANKS)
+    return notebook_launch("two_ranks")
 
 
 @pytest.fixture(scope="module")
 def ddp1():
-    return notebook_launch(NOTEBOOK_ONE_RANK)
+    return notebook_launch("one_rank")
 
 
 def test_torchrun_env_seen_by_every_rank(ddp2):

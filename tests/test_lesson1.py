@@ -4,10 +4,10 @@ torch.nn.utils.clip_grad_norm_ sees the shard, FSDP.clip_grad_norm_ the whole; u
 names, groups and alignment padding; sync_module_states refused on CPU; the instruments watch one
 step and ms/step times the others.
 
-The launches are the notebook's own (same flags, same NPROC): within one test run the notebook's
-test and these share them (tests/conftest.py). The 2-rank runs are one launch: the strategies,
-then --variants (sync_module_states, mixed precision, use_orig_params, HYBRID_SHARD without a
-mesh)."""
+The launches are the notebook's own, declared once in lessons/01_fsdp_strategies/launches.toml:
+within one test run the notebook's test and these share them (tests/run_cache.py). The 2-rank
+runs are one launch: the strategies, then --variants (sync_module_states, mixed precision,
+use_orig_params, HYBRID_SHARD without a mesh)."""
 
 import importlib.util
 import math
@@ -31,39 +31,11 @@ SYNC, BF16, ORIG, NO_MESH = (
     "FULL_SHARD + use_orig_params",
     "HYBRID_SHARD + no device mesh",
 )
-# The notebook's launches: (flags, NPROC).
-TWO_RANKS = (
-    (
-        "--strategy",
-        "FULL_SHARD,SHARD_GRAD_OP,NO_SHARD",
-        "--steps",
-        "3",
-        "--variants",
-        "strategy=FULL_SHARD,sync-module-states=true;"
-        "strategy=FULL_SHARD,mixed-precision=true;"
-        "strategy=FULL_SHARD,use-orig-params=true,d-model=130,n-heads=2;"
-        "strategy=HYBRID_SHARD,mesh=false",
-    ),
-    2,
-)
-FOUR_RANKS = (
-    (
-        "--strategy",
-        "FULL_SHARD,HYBRID_SHARD",
-        "--replicas",
-        "2",
-        "--steps",
-        "3",
-        "--log-every",
-        "10",
-    ),
-    4,
-)
 
 
-def notebook_launch(flags_and_nproc, check=True):
-    flags, nproc = flags_and_nproc
-    proc, metrics = launch(1, *flags, nproc=nproc)
+def notebook_launch(name, check=True):
+    """A launch of the notebook's (lessons/01_fsdp_strategies/launches.toml)."""
+    proc, metrics = launch(1, name)
     if check:
         ok(proc)
     return proc, metrics
@@ -71,7 +43,7 @@ def notebook_launch(flags_and_nproc, check=True):
 
 @pytest.fixture(scope="module")
 def m2():
-    return notebook_launch(TWO_RANKS)[1]
+    return notebook_launch("two_ranks")[1]
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +58,7 @@ def n2(m2):
 
 @pytest.fixture(scope="module")
 def m4():
-    return notebook_launch(FOUR_RANKS)[1]
+    return notebook_launch("four_ranks")[1]
 
 
 @pytest.fixture(scope="module")
@@ -283,7 +255,7 @@ def test_figures_the_quiz_cites_as_measured_in_lesson_1_still_hold(n2):
 
 
 def test_sync_module_states_is_refused_on_cpu_in_one_line_and_the_launch_goes_on(variants):
-    proc, _ = notebook_launch(TWO_RANKS)
+    proc, _ = notebook_launch("two_ranks")
     message = (
         "ValueError: The module has CPU parameters or buffers when `sync_module_states=True`, "
         "which requires them to be on GPU. Please specify the `device_id` argument or move "
@@ -436,7 +408,7 @@ def test_bad_strategies_are_refused_in_one_line_by_the_scripts_parser(
 
 
 def test_no_shard_deprecation_is_said_once(n2):
-    proc, _ = notebook_launch(TWO_RANKS)
+    proc, _ = notebook_launch("two_ranks")
     assert proc.stdout.count("deprecates NO_SHARD") == 1
     assert "sharding strategy is deprecated" not in proc.stdout
 
@@ -444,7 +416,7 @@ def test_no_shard_deprecation_is_said_once(n2):
 def test_instruments_watch_step_1_and_ms_per_step_times_the_others(m2, m4):
     """Issue 9: the instruments slow the step they watch; ms/step is the median of the steps
     after step 0 that they did not watch, whose memory and traffic columns read None ("-")."""
-    proc, _ = notebook_launch(TWO_RANKS)
+    proc, _ = notebook_launch("two_ranks")
     for m in (m2, m4):
         for run in m["results"]["runs"] + [
             v for v in m["results"].get("variants", []) if "refused" not in v

@@ -4,10 +4,11 @@ to the byte, no policy gathers the whole model and moves the fewest bytes; per p
 the peaks equal the theory and the recorded timeline shows each setting's order; the exercise's
 checker and policy file work.
 
-The notebook makes one launch, with --variants for the prefetch settings and the exercise model;
-the fixtures read their runs from it, with its exact flags, so within a test run it runs once and
-is shared (course_lab.notebook.launch_lesson). Only the 3-rank run and one bad flag (on 1 rank) are
-the tests' own; bad variants are checked in-process, through the script's own parser.
+The notebook makes one launch, with --variants for the prefetch settings and the exercise model,
+declared once in lessons/02_wrap_policies/launches.toml ("policies"); the fixtures read their runs
+from it, so within a test run it runs once and is shared (tests/run_cache.py). Only the 3-rank run
+and one bad flag (on 1 rank) are the tests' own; bad variants are checked in-process, through the
+script's own parser.
 The instruments watch step 1; ms/step is the median of the later steps, which they do not watch.
 """
 
@@ -16,7 +17,6 @@ import functools
 import runpy
 from pathlib import Path
 
-import nbformat
 import pytest
 import torch.nn as nn
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
@@ -33,18 +33,11 @@ from helpers import lesson_script
 from lesson_runs import launch, ok
 
 REPO = Path(__file__).resolve().parents[1]
-NOTEBOOK = REPO / "lessons" / "02_wrap_policies" / "02_wrap_policies.ipynb"
 SOLUTION = REPO / "solutions" / "lesson2_wrap_policy.py"
 STAGED = staged_lm_module()  # also puts lesson 2's folder on sys.path (staged_lm)
-# The notebook's launch, flag for flag (test_notebook_makes_this_launch): the policies, then
-# each prefetch setting with a timeline, then the exercise model with and without a policy.
+# What the declared launch runs: each policy, then each prefetch setting with a timeline.
 WRAPS = ("none", "transformer", "size", "size:20000", "custom")
 PREFETCHES = ("pre", "post", "none", "forward", "no-limit")
-VARIANTS = ";".join(
-    [f"wrap=transformer,prefetch={p},timeline=true" for p in PREFETCHES]
-    + ["model=staged,wrap=none", "model=staged,wrap=transformer"]
-)
-LAUNCH = ("--wrap", ",".join(WRAPS), "--steps", "2", "--log-every", "10", "--variants", VARIANTS)
 
 
 def runs_by(metrics, key):
@@ -53,7 +46,7 @@ def runs_by(metrics, key):
 
 @pytest.fixture(scope="module")
 def lesson_runs():
-    proc, m = launch(2, *LAUNCH, nproc=2)
+    proc, m = launch(2, "policies")
     ok(proc)
     return m["results"]["runs"]
 
@@ -78,22 +71,6 @@ def n3():
 @pytest.fixture(scope="module")
 def staged(lesson_runs):
     return {r["wrap"]: r for r in lesson_runs if r["model"] == "staged"}
-
-
-def test_notebook_makes_this_launch():
-    """The notebook's one launch has the flags above, so a test run makes it once."""
-    cells = [c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells if c.cell_type == "code"]
-    launching = [source for source in cells if "run_lesson(" in source]
-    assert len(launching) == 1, "the notebook should launch the script once"
-    head, call = launching[0].split("m = run_lesson(")
-    scope: dict = {}
-    exec(head, scope)  # the course's own notebook
-    assert scope["VARIANTS"] == VARIANTS
-    assert " ".join(call.split()).startswith(
-        '2, "--wrap", "none,transformer,size,size:20000,custom", '
-        '"--steps", "2", "--log-every", "10", "--variants", VARIANTS, nproc=NPROC)'
-    )
-    assert "NPROC = 2" in "".join(cells)
 
 
 def test_one_launch_runs_the_policies_then_each_variant(lesson_runs):

@@ -4,16 +4,14 @@ step instead of K times; its memory cost (the unsharded gradient held between mi
 measured per rank; the no-sync-last bug is caught in both APIs; the lesson's loop is measured
 wrong when the last micro-batch is short, and the exercise's solution right, for real.
 
-The main launch is the notebook's one, with its exact flags (test_notebook_makes_this_launch):
-within a test run it runs once and is shared (course_lab.notebook.launch_lesson); so is the
+The main launch is the notebook's one, declared once in lessons/03_no_sync/launches.toml
+("sweep"): within a test run it runs once and is shared (tests/run_cache.py); so is the
 exercise's check. Only the 3-rank run and one bad flag (on 1 rank) are the tests' own.
 The instruments watch step 0 (the step ms/step leaves out); later steps are timed unwatched.
 """
 
 from __future__ import annotations
 
-import ast
-import json
 import runpy
 from contextlib import nullcontext
 from pathlib import Path
@@ -21,32 +19,14 @@ from pathlib import Path
 import pytest
 
 from course_lab.exercises import lesson3 as ex3
+from course_lab.launches import declared
 from fsdp_course import theory
 from helpers import lesson_script
 from lesson_runs import launch, ok
 
 REPO = Path(__file__).resolve().parents[1]
 SOLUTION = REPO / "solutions" / "lesson3_accumulate.py"
-NOTEBOOK = REPO / "lessons" / "03_no_sync" / "03_no_sync.ipynb"
-# The notebook's one launch, flag for flag, on 2 ranks. The command line is the sweep: classic FSDP,
-# K = 1, 2, 4, 8, no_sync on and off, one step. The variants add K = 4 runs of two steps: FSDP2 with
-# no_sync on and off, and the two pitfalls on the lesson's loop (no_sync on) in both APIs: no sync
-# on the last micro-batch either, and a short last micro-batch.
-LAUNCH = (
-    "--accum",
-    "1,2,4,8",
-    "--no-sync",
-    "on,off",
-    "--steps",
-    "1",
-    "--batch-size",
-    "2",
-    "--variants",
-    "api=fsdp2,accum=4,steps=2;"
-    "accum=4,steps=2,bug=no-sync-last;api=fsdp2,accum=4,steps=2,bug=no-sync-last;"
-    "accum=4,steps=2,last-batch-size=1;api=fsdp2,accum=4,steps=2,last-batch-size=1",
-)
-NPROC = 2
+SWEEP = declared(3, "sweep")  # the notebook's one launch
 
 
 def short_last(run):
@@ -70,27 +50,7 @@ def launched(*args, nproc=2):
 
 @pytest.fixture(scope="module")
 def notebook_launch():
-    return launched(*LAUNCH, nproc=NPROC)
-
-
-def test_notebook_makes_this_launch():
-    """The notebook launches the script once (the exercise's check launches on its own, through
-    quizzes.check_exercise): run_lesson(3, ...) with exactly these flags on NPROC ranks, so a test
-    run makes the launch once, for the notebook and these tests."""
-    cells = [
-        cell for cell in json.loads(NOTEBOOK.read_text())["cells"] if cell["cell_type"] == "code"
-    ]
-    calls = [
-        node
-        for cell in cells
-        for node in ast.walk(ast.parse("".join(cell["source"])))
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "run_lesson"
-    ]
-    assert len(calls) == 1
-    (call,) = calls
-    assert tuple(ast.literal_eval(arg) for arg in call.args) == (3, *LAUNCH)
-    assert [(k.arg, k.value.id) for k in call.keywords] == [("nproc", "NPROC")]
-    assert any(f"NPROC = {NPROC} " in "".join(cell["source"]) for cell in cells)
+    return launched(SWEEP.name, nproc=None)
 
 
 # --- theory and the exercise's in-process stage (no torchrun) ---------------------------------
@@ -388,7 +348,7 @@ def test_variants_run_after_the_command_line_and_bad_ones_are_one_line(capsys):
 
     train = lesson_script(3)
 
-    cfg = parse_config(train.Config, argv=list(LAUNCH))
+    cfg = parse_config(train.Config, argv=list(SWEEP.args))
     assert [str(v) for v in cfg.variants] == [
         "(api=fsdp2,accum=4,steps=2)",
         "(accum=4,steps=2,bug=no-sync-last)",

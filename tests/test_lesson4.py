@@ -1,7 +1,7 @@
 """Lesson 4 (checkpointing) under torchrun on CPU ranks: the measured facts from the metrics.
 
 The notebook's launches are made here with exactly its flags, paths and NPROC, so a test run
-starts each of them once (course_lab.notebook.launch_lesson shares them): the main run (killed
+starts each of them once (tests/run_cache.py shares them): the main run (killed
 once inside a save, resumed, then the state-dict tour), the rank-0-only hang, the load on 3 ranks
 and the exercise's check of the solution. Only the tests start: classic FSDP's offload on CPU
 ranks, the exercise's check of section 3's own functions (it must fail), and on 1 rank a crash
@@ -39,17 +39,7 @@ def results(run, metrics) -> dict:
 def main_run():
     """The notebook's main launch: rank 1 is killed inside the step-8 save on the first attempt;
     the restarted job resumes, then runs the state-dict tour. (run, metrics)"""
-    return launch(
-        4,
-        "--ckpt-dir",
-        RUN,
-        "--crash-at-step",
-        "8",
-        "--crash-in",
-        "save",
-        "--demo",
-        "torch-save,types,rng",
-    )
+    return launch(4, "main", ckpt_dir=RUN)  # lessons/04_checkpointing/launches.toml
 
 
 @pytest.fixture(scope="module")
@@ -158,23 +148,13 @@ def test_resume_is_bitwise_model_optimizer_and_rng(main):
 
 @pytest.mark.slow
 def test_load_on_3_ranks_what_2_saved(main):
-    three = results(*launch(4, "--load", RUN / "step_000008", nproc=3))
+    three = results(*launch(4, "load_on_3", checkpoint=RUN / "step_000008"))
     verdict = compare_fingerprints(main["final"], three["loaded"], only=("model.", "optim."))
     assert verdict["equal"] and verdict["tensors"] > 100, verdict
 
 
 def test_rank0_only_state_dict_fails_in_bounded_time():
-    # the notebook's launch
-    run, _ = launch(
-        4,
-        "--bug",
-        "rank0-only",
-        "--steps",
-        "1",
-        "--ckpt-dir",
-        WORK / "hang",
-        env={"COURSE_TIMEOUT_S": "2"},
-    )
+    run, _ = launch(4, "hang", ckpt_dir=WORK / "hang")  # the notebook's launch
     assert run.returncode != 0
     assert "Timed out" in run.stdout and "COURSE_TIMEOUT_S=2" in run.stdout
     assert "Traceback" not in run.stdout

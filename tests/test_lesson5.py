@@ -4,14 +4,13 @@ what each unit keeps (the int 1 is False; 2 on 4 ranks all-gathers within pairs)
 FSDP2, the per-step metric line, torch.compile's real failures and the orders that train, and the
 exercise's checker.
 
-The launches are the notebook's own (same flags, same NPROC): within one test run the notebook's
-test and these share them (tests/conftest.py); the compile launch is the tests' own (the notebook
-runs compiled variants only when asked, one launch per way)."""
+The launches are the notebook's own, declared once in lessons/05_fsdp2/launches.toml: within one
+test run the notebook's test and these share them (tests/run_cache.py); the compile launch is the
+tests' own (the notebook runs compiled variants only when asked, one launch per way)."""
 
 from __future__ import annotations
 
 import argparse
-import ast
 import importlib.util
 import json
 import math
@@ -26,27 +25,8 @@ from lesson_runs import launch, ok
 
 RUNS = lesson_script(5, "runs")  # lesson 5's runs.py
 
-MAIN_VARIANTS = ";".join(
-    [
-        "bug=meta-buffers",
-        "bug=optimizer-first",  # first, so the masks do not land in reused memory
-        "reshard-after-forward=default",
-        "reshard-after-forward=true",
-        "reshard-after-forward=false",
-        "reshard-after-forward=1",
-        "mixed-precision=true",
-        "prefetch=2",
-        "grad-accum=2",
-        "api=classic",
-        "api=classic,reshard-after-forward=false",
-        "api=classic,grad-accum=2",
-        "compile=model-before,fullgraph=true,compile-backend=aot_eager",
-    ]
-)
-# The notebook's launches: (flags, NPROC).
-MAIN = (("--steps", "3", "--log-every", "3", "--variants", MAIN_VARIANTS), 2)
-FOUR_RANKS = (("--steps", "1", "--reshard-after-forward", "2"), 4)
-# The notebook runs these (optionally) one launch each, for fair compile times; here one launch.
+# The notebook runs these (optionally) one launch each (compile_* in launches.toml), for fair
+# compile times; here one launch.
 COMPILE_VARIANTS = (
     "compile=none;compile=blocks,fullgraph=true;compile=model-before;compile=model-after"
 )
@@ -65,21 +45,22 @@ COMPILE = (
 )
 
 
-def notebook_launch(flags_and_nproc):
-    flags, nproc = flags_and_nproc
-    run, metrics = launch(5, *flags, nproc=nproc)
+def notebook_launch(name_or_flags):
+    """A launch the notebook declares (by name), or the tests' own COMPILE (flags, NPROC)."""
+    args, nproc = ((name_or_flags,), None) if isinstance(name_or_flags, str) else name_or_flags
+    run, metrics = launch(5, *args, nproc=nproc)
     ok(run)
     return run, metrics, {r["label"]: r for r in metrics["results"]["runs"]}
 
 
 @pytest.fixture(scope="module")
 def main():
-    return notebook_launch(MAIN)
+    return notebook_launch("main")
 
 
 @pytest.fixture(scope="module")
 def four():
-    return notebook_launch(FOUR_RANKS)
+    return notebook_launch("four_ranks")
 
 
 def losses(run):
@@ -90,29 +71,6 @@ def unit_shapes(rows, n_layers=4):
     return [[r["global"] for r in rows if not r["name"].startswith("blocks.")]] + [
         [r["global"] for r in rows if r["name"].startswith(f"blocks.{i}.")] for i in range(n_layers)
     ]
-
-
-def test_notebook_uses_these_launches(repo_root):
-    """The flags above are the notebook's, so a test run launches each once."""
-    text = json.loads((repo_root / "lessons/05_fsdp2/05_fsdp2.ipynb").read_text())
-    cells = ["".join(cell["source"]) for cell in text["cells"] if cell["cell_type"] == "code"]
-    source = "".join(cells)
-    # The notebook's MAIN_VARIANTS, as Python reads it (its string may be wrapped over lines).
-    assigned = [
-        ast.literal_eval(node.value)
-        for cell in cells
-        for node in ast.walk(ast.parse(cell))
-        if isinstance(node, ast.Assign)
-        and any(getattr(t, "id", None) == "MAIN_VARIANTS" for t in node.targets)
-    ]
-    assert assigned == [MAIN_VARIANTS]
-    assert '"--steps", "3", "--log-every", "3", "--variants", MAIN_VARIANTS' in source
-    assert '"--steps", "1", "--reshard-after-forward", "2", nproc=4' in source
-    # The compile runs are optional in the notebook (one launch per way); the tests run them in one.
-    assert (
-        '"--compile", "blocks", "--fullgraph"' in source
-        and '"--compile-backend", "aot_eager"' in source
-    )
 
 
 @pytest.mark.slow

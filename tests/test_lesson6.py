@@ -2,10 +2,11 @@
 reference by more than a stated amount, each fix matches it; BatchNorm statistics, the all-reduce
 BatchNorm, mixed-precision dtypes, bytes and reduce error against theory; the exercise.
 
-The launches use exactly the notebook's flags, so a test run starts each of them once: the main
-launch (2 ranks), the 4-rank launch (part A's bug and two fixes, part C's reduce error) and the
-exercise's check of the solution. Only the tests start one more: a bad flag, on 1 rank. The other
-bad flag and --help go through the script's own parser in this process.
+The launches are the notebook's, declared once in lessons/06_silent_bugs/launches.toml, so a test
+run starts each of them once: the main launch (2 ranks), the 4-rank launch (part A's bug and two
+fixes, part C's reduce error) and the exercise's check of the solution. Only the tests start one
+more: a bad flag, on 1 rank. The other bad flag and --help go through the script's own parser in
+this process.
 """
 
 from __future__ import annotations
@@ -23,18 +24,6 @@ from helpers import lesson_script
 
 # The notebook's launches (lessons/06_silent_bugs/06_silent_bugs.ipynb).
 LESSON = MYSTERY.parent  # the exercise's loops import the lesson's nets.py
-N4_FLAGS = (
-    "--parts",
-    "init,precision",
-    "--init",
-    "per-rank-seed,broadcast,load-rank0",
-    "--steps",
-    "2",
-    "--precision",
-    "fsdp2:fp32/fp32,fsdp2:fp32/bf16,fsdp2:bf16/bf16",
-    "--precision-steps",
-    "1",
-)
 SHAPES = [[192, 32], [192], [192, 192], [192], [1, 192], [1]]  # RotaryRegressor's parameters
 
 FIX_TOLERANCE = 1e-4  # fp32 fixes vs the reference, after 6 AdamW steps (measured ~1e-5)
@@ -48,13 +37,13 @@ def ok(run):
 
 @pytest.fixture(scope="module")
 def main_run():
-    run = launch_lesson(6, nproc=2)
+    run = launch_lesson(6, "all_parts")  # lessons/06_silent_bugs/launches.toml
     return ok(run), run.stdout
 
 
 @pytest.fixture(scope="module")
 def run_n4():
-    return ok(launch_lesson(6, *N4_FLAGS, nproc=4))
+    return ok(launch_lesson(6, "four_ranks"))
 
 
 def by(runs: list[dict], key: str) -> dict:

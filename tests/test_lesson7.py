@@ -4,8 +4,9 @@ bf16, with and without activation checkpointing; "does not fit" under a real mem
 checkpointing's memory and losses; the wrong order's symptom; offload; the 7B estimate; the
 exercise.
 
-The notebook's launch is read from the notebook itself, so a test run starts it once; the
-4-rank launch of the planner's matrix also runs the notebook's limit demo on 4 ranks."""
+The notebook's launch is declared once in lessons/07_memory/launches.toml ("main"), so a test run
+starts it once; the 4-rank launch of the planner's matrix also runs the notebook's limit demo on 4
+ranks."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ import math
 import subprocess
 import sys
 
-import nbformat
 import pytest
 
 from course_lab.exercises import lesson7 as exercise
+from course_lab.launches import declared
 from course_lab.notebook import launch_lesson
 from fsdp_course.config import parse_config
 from fsdp_course.dist import CourseError
@@ -59,18 +60,6 @@ HALVES = {
 PEAK_TOLERANCE = 0.10  # the lesson's bar; measured: within 3%
 
 
-def notebook_value(name: str) -> str:
-    """A variable the notebook defines (its launch flags), by running the lines before its
-    first launch in that cell."""
-    for cell in nbformat.read(NOTEBOOK, as_version=4).cells:
-        if cell.cell_type == "code" and f"{name} = " in cell.source:
-            head = cell.source.split("run_lesson(")[0].rsplit("\n", 1)[0]
-            scope: dict = {}
-            exec(head, scope)  # the course's own notebook
-            return scope[name]
-    raise LookupError(name)
-
-
 def ok(run):
     assert run.returncode == 0, run.stdout[-3000:]
     return run.metrics
@@ -78,11 +67,11 @@ def ok(run):
 
 def lesson_launch(nproc: int):
     """The notebook's launch on 2 ranks; on 1 and 4 ranks half the planner's matrix each (on 4
-    the notebook's limit demo too). Each runs once per test run (launch_lesson's cache)."""
+    the notebook's limit demo too). Each runs once per test run (tests/run_cache.py)."""
     if nproc == 2:
-        return launch_lesson(7, "--variants", notebook_value("LESSON_VARIANTS"), nproc=2)
-    limit = notebook_value("LIMIT")
-    extra = [f"strategy=DDP,{limit}", f"strategy=FULL_SHARD,{limit}"] if nproc == 4 else []
+        return launch_lesson(7, "main")
+    limited = [v for v in declared(7, "main").variants if "rank-memory-mib=" in v]
+    extra = limited if nproc == 4 else []
     return launch_lesson(7, "--variants", ";".join(HALVES[nproc] + extra), nproc=nproc)
 
 

@@ -302,7 +302,7 @@ def test_tensor_parallel_times_fsdp_on_four_ranks():
     from course_lab.notebook import launch_lesson
 
     # the notebook's opt-in cell
-    run = launch_lesson(8, "--tp", "2", "--steps", "1", nproc=4, timeout=300)
+    run = launch_lesson(8, "tensor_parallel", timeout=300)  # the notebook's opt-in cell
     assert run.returncode == 0, run.stdout[-3000:]
     m = run.metrics["results"]
     assert m["mesh"] == {"shape": [2, 2], "names": ["dp", "tp"]}

@@ -5,8 +5,8 @@ Face exports loaded by from_pretrained in this (plain) process with the sharded 
 the way in; DeepSpeed ZeRO-1/2/3 beside FSDP2 and classic FSDP (losses, bytes per rank by
 category, collectives, DeepSpeed's defaults); the exercise's checker; bad flags.
 
-The main launch is the notebook's own (same flags, same NPROC): within one test run the
-notebook's test and these share it (tests/conftest.py); so is the exercise's launch."""
+The main launch is the notebook's own (lessons/09_your_model/launches.toml): within one test run
+the notebook's test and these share it (tests/run_cache.py); so is the exercise's launch."""
 
 from __future__ import annotations
 
@@ -24,13 +24,11 @@ from helpers import REPO_ROOT, lesson_script
 from lesson_runs import launch, ok
 
 RUN = REPO_ROOT / "runs" / "lesson9" / "notebook"  # the notebook's folder: the same launch
-MAIN = (("--out", RUN), 2)
 
 
 @pytest.fixture(scope="module")
 def main():
-    flags, nproc = MAIN
-    run, metrics = launch(9, *flags, nproc=nproc)
+    run, metrics = launch(9, "main", out=RUN)  # lessons/09_your_model/launches.toml
     ok(run)
     return run, metrics
 
@@ -41,7 +39,7 @@ def test_notebook_uses_this_launch(repo_root):
         "".join(cell["source"]) for cell in text["cells"] if cell["cell_type"] == "code"
     )
     assert 'RUN = REPO / "runs" / "lesson9" / "notebook"' in source
-    assert 'run_lesson(9, "--out", RUN, nproc=2)' in source
+    assert 'run_lesson(9, "main", out=RUN)' in source
     assert "configs/llama3-8b.json" in source
 
 

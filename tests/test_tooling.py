@@ -263,7 +263,13 @@ def test_nbval_kernels_get_the_suites_environment(monkeypatch):
         def getoption(self, name, default=None):
             return self.nbval and name == "nbval_lax"
 
-    names = ("OMP_NUM_THREADS", conftest.PROGRESS_ENV, "COURSE_RUN_CACHE", "COURSE_LAUNCH_LOG")
+    names = (
+        "OMP_NUM_THREADS",
+        conftest.PROGRESS_ENV,
+        "COURSE_RUN_CACHE",
+        "COURSE_LAUNCH_LOG",
+        "COURSE_LAUNCHER",
+    )
     for name in names:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
@@ -279,6 +285,7 @@ def test_nbval_kernels_get_the_suites_environment(monkeypatch):
     assert os.environ["OMP_NUM_THREADS"] == "1"
     folder = Path(os.environ["COURSE_RUN_CACHE"]).parent
     assert folder.is_dir() and Path(os.environ[conftest.PROGRESS_ENV]).parent == folder
+    assert os.environ["COURSE_LAUNCHER"].endswith("tests/run_cache.py:cached_launch")
     conftest.pytest_unconfigure(config)
     assert not folder.exists()
     assert os.environ["PYTHONPATH"] == "/elsewhere"

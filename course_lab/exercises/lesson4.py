@@ -101,7 +101,7 @@ def check_dcp_save_load(save, load=None, ranks: int = 2, steps: int = 3) -> tupl
         return False, "pass both functions: check_exercise(..., save, load=load)"
     source = module_source(save, load)
     # A folder named by the functions' source: the same functions make the same launch, which a
-    # test run shares between the notebook and the tests (course_lab.notebook.launch_lesson).
+    # test run shares between the notebook and the tests (the run cache, tests/run_cache.py).
     work = (
         Path(tempfile.gettempdir())
         / f"lesson4-ex-{hashlib.sha256(source.encode()).hexdigest()[:12]}"
