@@ -57,8 +57,4 @@ def pytest_unconfigure(config):
     folder, saved, cache, runs, cache_saved = config._course_nbval
     cache.stop(runs, cache_saved)
     shutil.rmtree(folder, ignore_errors=True)
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    cache.restore(saved)

@@ -67,6 +67,11 @@ def start(folder: str) -> dict:
 
 def stop(folder: str, saved: dict) -> None:
     shutil.rmtree(folder, ignore_errors=True)
+    restore(saved)
+
+
+def restore(saved: dict) -> None:
+    """Put environment variables back to ``saved`` ({name: value, or None for unset})."""
     for name, value in saved.items():
         if value is None:
             os.environ.pop(name, None)

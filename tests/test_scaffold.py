@@ -36,6 +36,16 @@ def for_lesson(path: str, number: int, topic: str) -> str:
     return path.replace("NN_topic", f"{number:02d}_{topic}").replace("lessonN", f"lesson{number}")
 
 
+def pytest_in(root, *args):
+    """pytest, one process, in the copy of the course at ``root``."""
+    return run_cmd(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", *args],
+        env={"PYTHONPATH": str(root), "QUIZZES_BANK_PATH": None},
+        cwd=root,
+        timeout=300,
+    )
+
+
 def test_readme_lists_the_files_every_lesson_adds():
     every, optional = readme_lists()
     assert every == [
@@ -173,24 +183,7 @@ def test_the_tests_that_discover_lessons_collect_it(course):
     number in the name)."""
     _, root = course
     files = ["tests/test_launch.py", "tests/test_notebooks.py", "tests/test_quizzes.py"]
-    proc = run_cmd(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--collect-only",
-            "-q",
-            "-p",
-            "no:xdist",
-            "-p",
-            "no:cacheprovider",
-            *files,
-            "tests/test_lesson10.py",
-        ],
-        env={"PYTHONPATH": str(root), "QUIZZES_BANK_PATH": None},
-        cwd=root,
-        timeout=300,
-    )
+    proc = pytest_in(root, "--collect-only", *files, "tests/test_lesson10.py")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     collected = proc.stdout
     assert "tests/test_launch.py::test_launcher_syntax[lesson10.sh]" in collected
@@ -203,23 +196,6 @@ def test_the_tests_that_discover_lessons_collect_it(course):
 def test_its_launcher_passes_the_launcher_tests(course):
     """The launcher tests, run in the copy: nothing outside README's list was needed."""
     _, root = course
-    proc = run_cmd(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:xdist",
-            "-p",
-            "no:cacheprovider",
-            "tests/test_launch.py",
-            "-k",
-            "10 or every_lesson_folder",
-        ],
-        env={"PYTHONPATH": str(root), "QUIZZES_BANK_PATH": None},
-        cwd=root,
-        timeout=300,
-    )
+    proc = pytest_in(root, "tests/test_launch.py", "-k", "10 or every_lesson_folder")
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert re.search(r"\b\d+ passed", proc.stdout) and "failed" not in proc.stdout, proc.stdout
