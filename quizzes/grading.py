@@ -10,7 +10,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, InvalidOperation, localcontext
 
-from . import claims
+from . import claims, reader
 from .bank import Question, QuizError, load_bank
 from .i18n import AnswerError, check_lang, msg
 
@@ -286,6 +286,11 @@ def open_verdict(reading, secret: dict, short: bool) -> tuple:
     return "wrong", "off_topic"
 
 
+# The rules' verdicts the second reading (reader.py) may withhold: a keyword list or an answer
+# too short to state anything is wrong however much it sounds like the right answers.
+DOUBTABLE = ("complete", "misconception", "partial", "off_topic")
+
+
 def _grade_open(q: Question, answer, lang: str) -> Result:
     if not isinstance(answer, str):
         raise AnswerError("open_type", qid=q.id, kind=type(answer).__name__)
@@ -298,6 +303,11 @@ def _grade_open(q: Question, answer, lang: str) -> Result:
     missing = [k for k in keys if not any(c in reading.supported for c in k["claims"])]
     short = too_short(answer)
     verdict, reason = open_verdict(reading, s, short)
+    second = None
+    if reason in DOUBTABLE:
+        second = reader.p_right(q.id, answer)
+        if reader.second_opinion(verdict, second):
+            verdict, reason = "unsure", f"doubted_{verdict}"
     met = len(keys) - len(missing)
     score = (
         1.0
@@ -338,6 +348,7 @@ def _grade_open(q: Question, answer, lang: str) -> Result:
         "statement": reading.stated_sentences > 0,
         "misconceptions": [f["id"] for f in false],
         "reason": reason,
+        "second_reading": None if second is None else round(second, 3),
     }
     return Result(verdict == "correct", score, "\n".join(lines), details, verdict=verdict)
 

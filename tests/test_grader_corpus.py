@@ -13,7 +13,7 @@ import quizzes
 from quizzes import corpus
 from quizzes.bank import BANK_DIR
 
-CORPUS_DIR = Path(__file__).resolve().parent / "data" / "quiz_corpus"
+CORPUS_DIR = Path(__file__).resolve().parents[1] / "quizzes" / "labelled_answers"
 MIN_EACH = 15
 # kinds of wrong answers a corpus must show (the ways learners get it wrong)
 WRONG_KINDS = {"negated", "fine", "off_topic", "keywords", "partial"}
