@@ -34,6 +34,7 @@ examples:
   python -m quizzes explain lesson1 q_full_vs_shard_grad_op "FULL_SHARD frees ..."
   python -m quizzes corpus tests/data/quiz_corpus/lesson1.json
   python -m quizzes report                        open-answer grader: tuning corpus, held-out set
+  python -m quizzes report tests/data/quiz_corpus --source "heldout round 2" --source none
 
 answers file for `grade` (JSON):
   {"lesson": "lesson1", "lang": "en",
@@ -99,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="CORPUS_DIR",
         help="folders (or files) of labelled answers, each reported on its own "
         "(default: tests/data/quiz_corpus and tests/data/quiz_heldout)",
+    )
+    r.add_argument(
+        "--source",
+        action="append",
+        metavar="SOURCE",
+        help="only the answers whose 'source' is SOURCE, each source reported on its own "
+        "(repeatable; 'none': the answers without a source)",
     )
     return p
 
@@ -476,9 +484,16 @@ def cmd_report(args) -> int:
         raise QuizError("no labelled answer sets found: name a folder of corpus files")
     ok = True
     for s in sets:
-        text, met = corpus.report(corpus.grade_corpus([s]), s)
-        print(text + "\n")
-        ok &= met
+        graded = corpus.grade_corpus([s])
+        parts = [(s, graded)]
+        if args.source:
+            parts = [(f"{s}, source {src!r}", corpus.of_source(graded, src)) for src in args.source]
+        for title, part in parts:
+            if not part:
+                raise QuizError(f"{title}: no answers")
+            text, met = corpus.report(part, title)
+            print(text + "\n")
+            ok &= met
     return 0 if ok else 1
 
 

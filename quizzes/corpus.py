@@ -105,6 +105,12 @@ def grade_corpus(paths) -> list:
     return out
 
 
+def of_source(graded: list, source: str) -> list:
+    """The graded answers whose item's `source` is `source` ('none': those without one)."""
+    want = None if source == "none" else source
+    return [g for g in graded if g.item.get("source") == want]
+
+
 @dataclass
 class Matrix:
     """label x verdict counts."""

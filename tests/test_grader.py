@@ -556,6 +556,20 @@ def test_cli_report_on_a_folder(demo_bank, tmp_path, capsys):
         json.dumps({"lesson": demo_bank, "questions": {"q_open": items}})
     )
     assert cli.main(["report", str(folder)]) == 1 and "FAIL" in capsys.readouterr().out
+    items[1]["source"] = "round 9"  # --source: each part on its own; 'none' has no source
+    (folder / f"{demo_bank}.json").write_text(
+        json.dumps({"lesson": demo_bank, "questions": {"q_open": items}})
+    )
+    cli.main(["report", str(folder), "--source", "none", "--source", "round 9"])
+    none, round9 = capsys.readouterr().out.split("source 'round 9'")
+    assert "source 'none': 1 answers" in none and re.search(
+        r"correct \(all\)\s+1\s+0\s+0\s+1", none
+    )
+    assert round9.startswith(": 1 answers") and re.search(
+        r"correct \(all\)\s+0\s+1\s+0\s+1", round9
+    )
+    assert cli.main(["report", str(folder), "--source", "round 8"]) == 2
+    assert "no answers" in capsys.readouterr().err
     assert cli.main(["report", str(tmp_path / "nope")]) == 2
     assert "not found" in capsys.readouterr().err
 
