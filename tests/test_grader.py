@@ -302,6 +302,64 @@ def test_every_key_idea_is_needed(demo_bank):
     assert "Key ideas missing:\n- B uses more memory" in half.feedback
 
 
+def test_found_missing_and_checklist_are_key_ideas(demo_bank, monkeypatch, tmp_path):
+    """An unsure result names what was found and missed in the checklist's unit, the key idea:
+    two claims of one key idea are one idea found, a supporting claim (in no key idea) is not
+    listed, and found + missing is the checklist, in its order, in the feedback too."""
+    from quizzes import present
+
+    secret = copy.deepcopy(DEMO)
+    secret["claims"].append(
+        {
+            "id": "keeps",
+            "label": _bi("B keeps params", "B 保留参数"),
+            "forms": [
+                {
+                    "subject": B,
+                    "rival": A,
+                    "says": _bi(["(keep*|kept|hold*) ... (param*|them)"], ["保留"]),
+                    "wrong": _bi("B does keep them", "B 确实保留"),
+                    "swapped": _bi("it is B that keeps them", "保留的是 B"),
+                }
+            ],
+        }
+    )
+    when = _bi("when the parameters are freed", "参数何时释放")
+    secret["key_ideas"][0] = {"id": "when", "label": when, "claims": ["frees", "keeps"]}
+    authoring = {
+        "lesson": "lessonkeys",
+        "title": _bi("Demo", "演示"),
+        "questions": [
+            {
+                "id": "q_open",
+                "type": "open",
+                "prompt": _bi("Difference?", "区别？"),
+                "secret": secret,
+            }
+        ],
+    }
+    folder = tmp_path / "keybanks"
+    folder.mkdir()
+    (folder / "lessonkeys.json").write_text(bankmod.dump_bank(bankmod.from_authoring(authoring)))
+    monkeypatch.setenv(bankmod.BANK_PATH_ENV, str(folder))
+    text = (
+        "FULL_SHARD frees the parameters after forward, while SHARD_GRAD_OP keeps them, and no "
+        "rank holds the full model. The parameters are also compressed on the model's way to disk."
+    )
+    for lang, label in (("en", when["en"]), ("zh", when["zh"])):
+        r = quizzes.grade("lessonkeys", "q_open", text, lang)
+        assert r.verdict == "unsure" and {"frees", "keeps", "fit"} <= set(r.details["found"])
+        assert r.details["found_ideas"] == ["when"] and r.details["found_labels"] == [label]
+        assert r.details["missing_labels"] == [secret["key_ideas"][1]["label"][lang]]
+        parts = present.unsure_parts(r, lang)
+        assert parts["found"] + parts["missing"] == parts["checklist"] == r.details["checklist"]
+        head = "Key ideas found:" if lang == "en" else "已答到的要点："
+        assert f"{head}\n- {label}\n" in r.feedback
+        assert f"- {label}" in present.unsure_text(r, lang)
+        claim_label = secret["claims"][0]["label"][lang]
+        assert claim_label not in r.feedback and claim_label not in present.unsure_text(r, lang)
+
+
 def test_an_unread_sentence_makes_it_unsure(demo_bank):
     text = (
         "FULL_SHARD frees the parameters after forward; SHARD_GRAD_OP uses more memory. "
