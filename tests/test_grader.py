@@ -980,3 +980,75 @@ def test_a_clause_about_the_alternative_denies_nothing():
         "micro-batch's mean and variance, not the global batch's, so the outputs differ.",
     )
     assert r.verdict == "correct", r.feedback
+
+
+# --- mechanisms that read a true sentence as false (held-out round 2) --------------------------
+
+
+@pytest.mark.parametrize(
+    "lesson,qid,lang,text",
+    [
+        # a trade's turn: what is paid is not what is saved ('...' does not cross it)
+        (
+            "lesson1",
+            "q_full_vs_shard_grad_op",
+            "en",
+            "FULL_SHARD frees the gathered parameters after forward and all-gathers them again in "
+            "backward; SHARD_GRAD_OP keeps them until backward, saving the second all-gather at "
+            "the expense of memory.",
+        ),
+        # a role: what the shards are, not a copy they have
+        (
+            "lesson9",
+            "q_master_copy_why",
+            "en",
+            "ZeRO-3 keeps a separate fp32 master copy of its partition even in fp32 training. FSDP2 "
+            "steps the parameter shards in place and needs no copy: the fp32 shards serve as the "
+            "master weights.",
+        ),
+        # a remedy says what to do, not what the subject does by default
+        (
+            "lesson6",
+            "q_ddp_hides_init",
+            "en",
+            "DDP broadcasts rank 0's parameters and buffers when it is constructed, so the ranks' "
+            "different inits never show. FSDP does not broadcast: each rank keeps the shard of its "
+            "own init. The fix: one seed everywhere, or sync_module_states=True in FSDP.",
+        ),
+        # a verb that undoes its object, denied: the own init is kept
+        (
+            "lesson6",
+            "q_ddp_hides_init",
+            "zh",
+            "DDP 构造时会把 rank 0 的参数广播给所有 rank。FSDP 默认不广播，没有任何东西覆盖每个 rank "
+            "自己的初始化，每个 rank 保留的是自己那份初始化的分片。",
+        ),
+    ],
+)
+def test_true_sentences_are_not_read_as_false(lesson, qid, lang, text):
+    r = quizzes.grade(lesson, qid, text, lang)
+    assert r.verdict != "wrong" and not r.details["misconceptions"], (r.details, r.feedback)
+
+
+@pytest.mark.parametrize(
+    "lesson,qid,lang,text",
+    [
+        (
+            "lesson1",
+            "q_full_vs_shard_grad_op",
+            "en",
+            "SHARD_GRAD_OP frees the parameters after forward to save memory, at the cost of a "
+            "second all-gather in backward.",
+        ),
+        (
+            "lesson6",
+            "q_ddp_hides_init",
+            "en",
+            "DDP overwrites every rank's own init with rank 0's when it is built; FSDP also "
+            "overwrites each rank's own init.",
+        ),
+    ],
+)
+def test_the_same_mechanisms_still_catch_the_false_way_round(lesson, qid, lang, text):
+    r = quizzes.grade(lesson, qid, text, lang)
+    assert r.verdict == "wrong" and r.details["misconceptions"], (r.details, r.feedback)
