@@ -353,8 +353,14 @@ def _is_ascii_word(ch: str) -> bool:
 
 
 # "..." in a phrasing: a few words in between, not across "and" (that starts another statement:
-# "saves memory and pays with an extra all-gather" does not say "saves ... all-gather").
-_GAP = r"(?:(?!\sand\s)[^\n]){0,40}?"
+# "saves memory and pays with an extra all-gather" does not say "saves ... all-gather"), nor
+# across the turn of a trade, which puts what is paid on the far side of what is saved: "saving
+# that second all-gather at the cost of memory" does not say "saves ... memory", nor 省显存费通信
+# 省 ... 通信
+_TRADE = (
+    r"\s?at the (?:cost|expense) of|\sin (?:exchange|return) for|\sin trade for|代价|费|换取|换来"
+)
+_GAP = r"(?:(?!\sand\s|" + _TRADE + r")[^\n]){0,40}?"
 
 
 @lru_cache(maxsize=4096)
@@ -618,12 +624,30 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
             continue
         cues.append(c)
     after = _NEG_AFTER.match(clause, match.end())
-    return (len(cues) + bool(after)) % 2 == 0
+    # a verb that undoes its object denies it: "DDP overwrites each rank's own init" says the own
+    # init is not kept, so "nothing overwrites each rank's own init" (没有任何东西覆盖) says it is
+    undone = bool(_UNDO.search(clause[anchor : match.start()]))
+    return (len(cues) + bool(after) + undone) % 2 == 0
+
+
+_UNDO = re.compile(
+    r"(?<![a-z])(?:overwr\w*|overrid\w*|replac\w*|clobber\w*|erase\w*|discard\w*|wipe\w*)"
+    r"(?![a-z])|覆盖|覆写|替换|抹掉|冲掉|丢掉"
+)
 
 
 # An infinitive of purpose ("to save ... and load on another world size, you need ...") states
 # nothing about whether the thing works.
 _PURPOSE = re.compile(r"(?:^|(?<![a-z0-9]))(?:to|in order to)\s$|^(?:to|in order to|为了)\s")
+
+
+# a thing named as the role another plays ("the shards play the role of the master weights",
+# "分片参数自己就起了 master weights 的作用") says what that other thing is, not that it has one
+_ROLE_BEFORE = re.compile(
+    r"(?<![a-z])(?:play\w* (?:the |a |)(?:role|part) of|serv\w* as|act\w* as|doubl\w* as|"
+    r"function\w* as|work\w* as) (?:the |a |an |their |its |)$|(?:充当|当作|起到?了?|扮演)\s?$"
+)
+_ROLE_AFTER = re.compile(r"\s?(?:的|)\s?(?:作用|角色)")
 
 
 _CONDITION_BEFORE = re.compile(
@@ -733,6 +757,13 @@ def _read_clause(
                 for _, _, o in found
             ):
                 # another form of this claim reads these words first (or reads more of them)
+                continue
+            if _ROLE_BEFORE.search(norm[: m.start()]) or _ROLE_AFTER.match(norm, m.end()):
+                accounted = True
+                trace.append(
+                    f"[{norm}] {claim['id']}#{f_index + 1} {m.group(0)!r} named as a role: read, "
+                    "states nothing"
+                )
                 continue
             if form.get("negated") and (
                 _PURPOSE.search(norm[: m.start()])
@@ -962,9 +993,11 @@ def read_answer(text: str, secret: dict) -> Reading:
             events = [e for e in events if e[0] != "wrong"]
             accounted = bool(events)
             apply(events, f"{before.text} … {c.text}")
-        elif (
-            c.sentence in otherwise or cf
-        ):  # a misconception entry is false whatever the sentence is about
+        elif c.sentence in otherwise or cf or c.sentence in remedies:
+            # a sentence of remedies says what to do ("or sync_module_states=True in classic
+            # FSDP", "换个 world size 也能加载" after "正确做法是用 DCP"), not what the subjects do
+            # by default: what it states is credited, a form read the other way round is no
+            # misconception; a misconception entry is false whatever the sentence is about
             apply([e for e in events if e[0] != "wrong" or e[1][1] == -1], c.text)
         else:
             apply(events, c.text)

@@ -34,6 +34,7 @@ examples:
   python -m quizzes explain lesson1 q_full_vs_shard_grad_op "FULL_SHARD frees ..."
   python -m quizzes corpus quizzes/labelled_answers/lesson1.json
   python -m quizzes report                        open-answer grader: tuning corpus, held-out set
+  python -m quizzes report quizzes/labelled_answers --source "heldout round 2" --source none
 
 answers file for `grade` (JSON):
   {"lesson": "lesson1", "lang": "en",
@@ -105,6 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="grade each group of answers (its 'source': one writer or round) with second-reading "
         "classifiers trained without it, and report the groups together and apart",
+    )
+    r.add_argument(
+        "--source",
+        action="append",
+        metavar="SOURCE",
+        help="only the answers whose 'source' is SOURCE, each source reported on its own "
+        "(repeatable; 'none': the answers without a source)",
     )
     return p
 
@@ -482,19 +490,25 @@ def cmd_report(args) -> int:
         raise QuizError("no labelled answer sets found: name a folder of corpus files")
     ok = True
     for s in sets:
-        if not args.cross_validate:
-            text, met = corpus.report(corpus.grade_corpus([s]), s)
+        if args.cross_validate:
+            graded = corpus.cross_validated([s])
+            title = f"{s}, each source graded by a second reading trained without it"
+        else:
+            graded, title = corpus.grade_corpus([s]), s
+        parts = [(title, graded)]
+        if args.source:
+            parts = [(f"{title}, source {src!r}", corpus.of_source(graded, src)) for src in args.source]
+        for title, part in parts:
+            if not part:
+                raise QuizError(f"{title}: no answers")
+            text, met = corpus.report(part, title)
             print(text + "\n")
             ok &= met
-            continue
-        graded = corpus.cross_validated([s])
-        text, met = corpus.report(graded, f"{s}, each group graded by a reader trained without it")
-        print(text + "\n")
-        ok &= met
-        for group in sorted({corpus.source(g.item) for g in graded}):
-            part = [g for g in graded if corpus.source(g.item) == group]
-            print(f"  {group:40} {len(part):>4} answers  {corpus.targets_line(part)}")
-        print()
+        if args.cross_validate:
+            for group in sorted({corpus.source(g.item) for g in graded}):
+                part = corpus.of_source(graded, group)
+                print(f"  {group:40} {len(part):>4} answers  {corpus.targets_line(part)}")
+            print()
     return 0 if ok else 1
 
 

@@ -108,7 +108,7 @@ def grade_corpus(paths) -> list:
 
 def source(item: dict) -> str:
     """Who wrote an answer, and when (its ``source`` field): one group of cross-validation."""
-    return item.get("source") or "first corpus"
+    return item.get("source") or "none"
 
 
 def cross_validated(paths) -> list:
@@ -133,6 +133,11 @@ def cross_validated(paths) -> list:
                             result = grade_question(q, item["answer"], item["lang"])
                             out.append(Graded(bank.lesson, qid, item, result))
     return out
+
+
+def of_source(graded: list, name: str) -> list:
+    """The graded answers whose item's `source` is `name` ('none': those without one)."""
+    return [g for g in graded if source(g.item) == name]
 
 
 @dataclass

@@ -300,7 +300,10 @@ def _grade_open(q: Question, answer, lang: str) -> Result:
     reading = claims.read_answer(answer, s)
     keys = key_ideas(s)
     found = [c for c in s["claims"] if c["id"] in reading.supported]
-    missing = [k for k in keys if not any(c in reading.supported for c in k["claims"])]
+    # what the learner is told was found and missed, and the checklist they mark, are key ideas
+    # (two claims of one key idea are one idea found; a supporting claim is in no key idea)
+    met_ideas = [k for k in keys if any(c in reading.supported for c in k["claims"])]
+    missing = [k for k in keys if k not in met_ideas]
     short = too_short(answer)
     verdict, reason = open_verdict(reading, s, short)
     second = None
@@ -324,7 +327,7 @@ def _grade_open(q: Question, answer, lang: str) -> Result:
     lines = [msg(f"open_{reason}", lang)]
     for f in false:
         lines.append(msg("you_wrote", lang, quote=f["quote"], fix=f["fix"].rstrip(".。")))
-    lines += [msg("found", lang)] + bullets(c["label"][lang] for c in found)
+    lines += [msg("found", lang)] + bullets(k["label"][lang] for k in met_ideas)
     lines += [msg("missing" if verdict != "unsure" else "not_found", lang)] + bullets(
         c["label"][lang] for c in missing
     )
@@ -338,7 +341,8 @@ def _grade_open(q: Question, answer, lang: str) -> Result:
     details = {
         "found": [c["id"] for c in found],
         "missing": [k["id"] for k in missing],
-        "found_labels": [c["label"][lang] for c in found],
+        "found_ideas": [k["id"] for k in met_ideas],
+        "found_labels": [k["label"][lang] for k in met_ideas],
         "missing_labels": [c["label"][lang] for c in missing],
         "unread": list(reading.unread),
         "false": [{"quote": f["quote"], "fix": f["fix"]} for f in false],

@@ -78,6 +78,8 @@ def unsure_parts(result, lang: str) -> dict:
     missing = list(
         d["missing_labels"] if "missing_labels" in d else [x for x in checklist if x not in found]
     )
+    if checklist:  # found and missing in the checklist's unit, the key ideas, in its order
+        found = [x for x in checklist if x not in missing]
     return {
         "found": found,
         "missing": missing,

@@ -302,6 +302,64 @@ def test_every_key_idea_is_needed(demo_bank):
     assert "Key ideas missing:\n- B uses more memory" in half.feedback
 
 
+def test_found_missing_and_checklist_are_key_ideas(demo_bank, monkeypatch, tmp_path):
+    """An unsure result names what was found and missed in the checklist's unit, the key idea:
+    two claims of one key idea are one idea found, a supporting claim (in no key idea) is not
+    listed, and found + missing is the checklist, in its order, in the feedback too."""
+    from quizzes import present
+
+    secret = copy.deepcopy(DEMO)
+    secret["claims"].append(
+        {
+            "id": "keeps",
+            "label": _bi("B keeps params", "B 保留参数"),
+            "forms": [
+                {
+                    "subject": B,
+                    "rival": A,
+                    "says": _bi(["(keep*|kept|hold*) ... (param*|them)"], ["保留"]),
+                    "wrong": _bi("B does keep them", "B 确实保留"),
+                    "swapped": _bi("it is B that keeps them", "保留的是 B"),
+                }
+            ],
+        }
+    )
+    when = _bi("when the parameters are freed", "参数何时释放")
+    secret["key_ideas"][0] = {"id": "when", "label": when, "claims": ["frees", "keeps"]}
+    authoring = {
+        "lesson": "lessonkeys",
+        "title": _bi("Demo", "演示"),
+        "questions": [
+            {
+                "id": "q_open",
+                "type": "open",
+                "prompt": _bi("Difference?", "区别？"),
+                "secret": secret,
+            }
+        ],
+    }
+    folder = tmp_path / "keybanks"
+    folder.mkdir()
+    (folder / "lessonkeys.json").write_text(bankmod.dump_bank(bankmod.from_authoring(authoring)))
+    monkeypatch.setenv(bankmod.BANK_PATH_ENV, str(folder))
+    text = (
+        "FULL_SHARD frees the parameters after forward, while SHARD_GRAD_OP keeps them, and no "
+        "rank holds the full model. The parameters are also compressed on the model's way to disk."
+    )
+    for lang, label in (("en", when["en"]), ("zh", when["zh"])):
+        r = quizzes.grade("lessonkeys", "q_open", text, lang)
+        assert r.verdict == "unsure" and {"frees", "keeps", "fit"} <= set(r.details["found"])
+        assert r.details["found_ideas"] == ["when"] and r.details["found_labels"] == [label]
+        assert r.details["missing_labels"] == [secret["key_ideas"][1]["label"][lang]]
+        parts = present.unsure_parts(r, lang)
+        assert parts["found"] + parts["missing"] == parts["checklist"] == r.details["checklist"]
+        head = "Key ideas found:" if lang == "en" else "已答到的要点："
+        assert f"{head}\n- {label}\n" in r.feedback
+        assert f"- {label}" in present.unsure_text(r, lang)
+        claim_label = secret["claims"][0]["label"][lang]
+        assert claim_label not in r.feedback and claim_label not in present.unsure_text(r, lang)
+
+
 def test_an_unread_sentence_makes_it_unsure(demo_bank):
     text = (
         "FULL_SHARD frees the parameters after forward; SHARD_GRAD_OP uses more memory. "
@@ -556,6 +614,20 @@ def test_cli_report_on_a_folder(demo_bank, tmp_path, capsys):
         json.dumps({"lesson": demo_bank, "questions": {"q_open": items}})
     )
     assert cli.main(["report", str(folder)]) == 1 and "FAIL" in capsys.readouterr().out
+    items[1]["source"] = "round 9"  # --source: each part on its own; 'none' has no source
+    (folder / f"{demo_bank}.json").write_text(
+        json.dumps({"lesson": demo_bank, "questions": {"q_open": items}})
+    )
+    cli.main(["report", str(folder), "--source", "none", "--source", "round 9"])
+    none, round9 = capsys.readouterr().out.split("source 'round 9'")
+    assert "source 'none': 1 answers" in none and re.search(
+        r"correct \(all\)\s+1\s+0\s+0\s+1", none
+    )
+    assert round9.startswith(": 1 answers") and re.search(
+        r"correct \(all\)\s+0\s+1\s+0\s+1", round9
+    )
+    assert cli.main(["report", str(folder), "--source", "round 8"]) == 2
+    assert "no answers" in capsys.readouterr().err
     assert cli.main(["report", str(tmp_path / "nope")]) == 2
     assert "not found" in capsys.readouterr().err
 
@@ -908,3 +980,75 @@ def test_a_clause_about_the_alternative_denies_nothing():
         "micro-batch's mean and variance, not the global batch's, so the outputs differ.",
     )
     assert r.verdict == "correct", r.feedback
+
+
+# --- mechanisms that read a true sentence as false (held-out round 2) --------------------------
+
+
+@pytest.mark.parametrize(
+    "lesson,qid,lang,text",
+    [
+        # a trade's turn: what is paid is not what is saved ('...' does not cross it)
+        (
+            "lesson1",
+            "q_full_vs_shard_grad_op",
+            "en",
+            "FULL_SHARD frees the gathered parameters after forward and all-gathers them again in "
+            "backward; SHARD_GRAD_OP keeps them until backward, saving the second all-gather at "
+            "the expense of memory.",
+        ),
+        # a role: what the shards are, not a copy they have
+        (
+            "lesson9",
+            "q_master_copy_why",
+            "en",
+            "ZeRO-3 keeps a separate fp32 master copy of its partition even in fp32 training. FSDP2 "
+            "steps the parameter shards in place and needs no copy: the fp32 shards serve as the "
+            "master weights.",
+        ),
+        # a remedy says what to do, not what the subject does by default
+        (
+            "lesson6",
+            "q_ddp_hides_init",
+            "en",
+            "DDP broadcasts rank 0's parameters and buffers when it is constructed, so the ranks' "
+            "different inits never show. FSDP does not broadcast: each rank keeps the shard of its "
+            "own init. The fix: one seed everywhere, or sync_module_states=True in FSDP.",
+        ),
+        # a verb that undoes its object, denied: the own init is kept
+        (
+            "lesson6",
+            "q_ddp_hides_init",
+            "zh",
+            "DDP 构造时会把 rank 0 的参数广播给所有 rank。FSDP 默认不广播，没有任何东西覆盖每个 rank "
+            "自己的初始化，每个 rank 保留的是自己那份初始化的分片。",
+        ),
+    ],
+)
+def test_true_sentences_are_not_read_as_false(lesson, qid, lang, text):
+    r = quizzes.grade(lesson, qid, text, lang)
+    assert r.verdict != "wrong" and not r.details["misconceptions"], (r.details, r.feedback)
+
+
+@pytest.mark.parametrize(
+    "lesson,qid,lang,text",
+    [
+        (
+            "lesson1",
+            "q_full_vs_shard_grad_op",
+            "en",
+            "SHARD_GRAD_OP frees the parameters after forward to save memory, at the cost of a "
+            "second all-gather in backward.",
+        ),
+        (
+            "lesson6",
+            "q_ddp_hides_init",
+            "en",
+            "DDP overwrites every rank's own init with rank 0's when it is built; FSDP also "
+            "overwrites each rank's own init.",
+        ),
+    ],
+)
+def test_the_same_mechanisms_still_catch_the_false_way_round(lesson, qid, lang, text):
+    r = quizzes.grade(lesson, qid, text, lang)
+    assert r.verdict == "wrong" and r.details["misconceptions"], (r.details, r.feedback)

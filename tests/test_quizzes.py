@@ -740,8 +740,9 @@ def test_cli_unseal_then_seal_round_trip(tmp_path, quiz_progress_file):
 
 
 def test_unsure_with_every_key_idea_found_ticks_them_all(monkeypatch):
-    """Found claims are labelled by claim, the checklist by key idea: what is not found comes from
-    missing_labels, even when it is empty, never from comparing the two kinds of label."""
+    """What is not found comes from missing_labels, even when it is empty; what is found is shown
+    in the checklist's unit, the key ideas (a result whose found_labels are per claim, as the
+    grader once wrote them, still shows one key idea found, as its checklist does)."""
     from quizzes import present, widget
     from quizzes.grading import Result
 
@@ -763,6 +764,7 @@ def test_unsure_with_every_key_idea_found_ticks_them_all(monkeypatch):
         verdict="unsure",
     )
     assert present.unsure_parts(result, "en")["missing"] == []
+    assert present.unsure_parts(result, "en")["found"] == ["key idea"]
     monkeypatch.setattr(widget, "grade_question", lambda q, answer, lang="en": result)
     quiz = quizzes.show("lesson1")
     box = next(b for b in quiz.boxes if b.q.type == "open")
@@ -770,3 +772,5 @@ def test_unsure_with_every_key_idea_found_ticks_them_all(monkeypatch):
     box.button.click()
     assert [cb.value for cb in box.idea_checks] == [True] and not box.self_right.disabled
     assert "Key ideas not found:\n- (none)" in box.feedback_text
+    assert "Key ideas found:\n- key idea\n" in box.feedback_text
+    assert "claim one" not in box.feedback_text
