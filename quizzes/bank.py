@@ -50,6 +50,7 @@ class Question:
     unit: dict | None = None
     sealed: str = ""
     _secret: dict | None = field(default=None, repr=False, compare=False)
+    lesson: str = ""  # set by the bank that holds it
 
     @property
     def secret(self) -> dict:
@@ -179,6 +180,8 @@ def bank_from_dict(data: dict, path: Path | None = None) -> Bank:
     bank = Bank(
         data.get("lesson", path.stem if path else "?"), data.get("title", {}), questions, path
     )
+    for q in questions:
+        q.lesson = bank.lesson
     problems = validate(bank)
     if problems:
         raise QuizError(

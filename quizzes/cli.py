@@ -497,7 +497,9 @@ def cmd_report(args) -> int:
             graded, title = corpus.grade_corpus([s]), s
         parts = [(title, graded)]
         if args.source:
-            parts = [(f"{title}, source {src!r}", corpus.of_source(graded, src)) for src in args.source]
+            parts = [
+                (f"{title}, source {src!r}", corpus.of_source(graded, src)) for src in args.source
+            ]
         for title, part in parts:
             if not part:
                 raise QuizError(f"{title}: no answers")

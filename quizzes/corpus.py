@@ -118,11 +118,13 @@ def cross_validated(paths) -> list:
     everything: dict = {}
     for data in loaded:
         for qid, items in data["questions"].items():
-            everything.setdefault(qid, []).extend(items)
+            everything.setdefault((data["lesson"], qid), []).extend(items)
     groups = sorted({source(i) for items in everything.values() for i in items})
     out = []
     for group in groups:
-        others = {qid: [i for i in items if source(i) != group] for qid, items in everything.items()}
+        others = {
+            qid: [i for i in items if source(i) != group] for qid, items in everything.items()
+        }
         with reader.trained_on(others):
             for data in loaded:
                 bank = load_bank(data["lesson"])
@@ -190,8 +192,12 @@ def targets(matrix: Matrix) -> list:
 
 def targets_line(graded: list) -> str:
     """The four targets' measured rates in one line: 'w->c 0.0%  r->w 1.2%  ...'."""
-    short = {"wrong graded correct": "w->c", "right graded wrong": "r->w",
-             "right graded unsure": "r->u", "wrong graded wrong": "w->w"}
+    short = {
+        "wrong graded correct": "w->c",
+        "right graded wrong": "r->w",
+        "right graded unsure": "r->u",
+        "wrong graded wrong": "w->w",
+    }
     return "  ".join(
         f"{short[name]} {100 * r:4.1f}%{'' if passed else '!'}"
         for name, r, _, _, passed in targets(matrices(graded)["all"])

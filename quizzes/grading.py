@@ -308,7 +308,7 @@ def _grade_open(q: Question, answer, lang: str) -> Result:
     verdict, reason = open_verdict(reading, s, short)
     second = None
     if reason in DOUBTABLE:
-        second = reader.p_right(q.id, answer)
+        second = reader.p_right(q.lesson, q.id, answer)
         if reader.second_opinion(verdict, second):
             verdict, reason = "unsure", f"doubted_{verdict}"
     met = len(keys) - len(missing)

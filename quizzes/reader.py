@@ -37,16 +37,17 @@ DOUBT_WRONG = 0.7
 # Fewer labelled answers of either label than this: no second reading for the question.
 MIN_PER_LABEL = 8
 
-_override: dict | None = None  # qid -> training answers, set by trained_on() (cross-validation)
+# (lesson, qid) -> training answers, set by trained_on() (cross-validation)
+_override: dict | None = None
 
 
 def labelled_answers(folder: Path = LABELLED) -> dict:
-    """{qid: [answer dicts]} of every labelled-answers file in ``folder``."""
+    """{(lesson, qid): [answer dicts]} of every labelled-answers file in ``folder``."""
     out: dict = {}
     for path in sorted(folder.glob("*.json")):
         data = json.loads(path.read_text(encoding="utf-8"))
         for qid, items in data["questions"].items():
-            out.setdefault(qid, []).extend(items)
+            out.setdefault((data["lesson"], qid), []).extend(items)
     return out
 
 
@@ -89,14 +90,14 @@ def _model(items: tuple):
     return _fit(items)
 
 
-def _training(qid: str) -> tuple:
-    answers = (_override if _override is not None else _shipped()).get(qid, [])
+def _training(lesson: str, qid: str) -> tuple:
+    answers = (_override if _override is not None else _shipped()).get((lesson, qid), [])
     return tuple((a["answer"], a["label"] == "correct") for a in answers)
 
 
-def p_right(qid: str, answer: str) -> float | None:
-    """P(the answer is right) by question ``qid``'s classifier, or None without one."""
-    model = _model(_training(qid))
+def p_right(lesson: str, qid: str, answer: str) -> float | None:
+    """P(the answer is right) by the question's classifier, or None without one."""
+    model = _model(_training(lesson, qid))
     if model is None:
         return None
     return float(model.predict_proba([answer])[0][list(model.classes_).index(True)])
@@ -115,8 +116,8 @@ def second_opinion(verdict: str, p: float | None) -> bool:
 
 @contextmanager
 def trained_on(answers: dict):
-    """Within the block, classifiers are trained on ``answers`` ({qid: [answer dicts]}) instead
-    of the shipped labelled answers (cross-validation)."""
+    """Within the block, classifiers are trained on ``answers`` ({(lesson, qid): [answer dicts]})
+    instead of the shipped labelled answers (cross-validation)."""
     global _override
     saved, _override = _override, answers
     try:

@@ -33,10 +33,11 @@ def corpus_items(lesson, qid):
     return corpus.read_corpus(path)["questions"].get(qid)
 
 
-# answers of the held-out rounds, moved into the corpus after each was measured: the rules written
-# after a round was moved were not tuned answer by answer to it, so each round is measured as a
-# whole (test_pseudo_heldout_matrix), not held to every label
-PSEUDO_HELDOUT = ("heldout round 1", "heldout round 2")
+# answers of the held-out rounds, moved into the corpus after each was measured, and round 4,
+# written to train the second reading (quizzes/reader.py) and never read to write a rule: the rules
+# were not tuned answer by answer to them, so each round is measured as a whole
+# (test_pseudo_heldout_matrix), not held to every label
+PSEUDO_HELDOUT = ("heldout round 1", "heldout round 2", "training round 4")
 
 
 def labelled_answers():
@@ -115,6 +116,9 @@ PSEUDO_HELDOUT_BOUNDS = {
     "heldout round 2": dict(
         n=240, wrong_correct=12, correct_wrong=12, right_missed=44, wrong_wrong=109
     ),
+    "training round 4": dict(
+        n=240, wrong_correct=0, correct_wrong=0, right_missed=52, wrong_wrong=104
+    ),
 }
 
 
@@ -135,7 +139,7 @@ def test_pseudo_heldout_matrix(source, capsys):
     assert c["wrong", "wrong"] >= b["wrong_wrong"], dict(c)
 
 
-HELDOUT_DIR = CORPUS_DIR.parent / "quiz_heldout"
+HELDOUT_DIR = Path(__file__).resolve().parent / "data" / "quiz_heldout"
 
 
 @pytest.mark.parametrize("lesson,qid", open_questions())

@@ -12,7 +12,7 @@ import pytest
 
 import quizzes
 from quizzes import bank as bankmod
-from quizzes import grading, progress
+from quizzes import grading, progress, reader
 from quizzes.bank import BANK_DIR, QuizError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -123,6 +123,11 @@ def test_open_answers_in_both_languages(lesson, qid):
 
 
 def test_open_rubric_normalises_text():
+    with reader.trained_on({}):  # the rules alone: the second reading is tests/test_reader.py's
+        rules_only_normalise()
+
+
+def rules_only_normalise():
     r = quizzes.grade(
         "lesson1",
         "q_full_vs_shard_grad_op",
