@@ -53,7 +53,8 @@ MESSAGES = {
     "open_doubted_wrong": {
         "en": "Unsure: the grader's rules object to your answer (below), but as a whole it reads "
         "like the right answers to this question, so it gives no verdict.",
-        "zh": "无法判定：评分规则对你的回答有异议（见下），但整体读起来像这道题的正确回答，因此不下结论。",
+        "zh": "无法判定：评分规则对你的回答有异议（见下），"
+        "但整体读起来像这道题的正确回答，因此不下结论。",
     },
     "you_wrote": {
         "en": "You wrote: «{quote}» — in fact {fix}.",

@@ -649,8 +649,9 @@ def test_language_libraries_load_lazily_and_quietly():
     code = (
         "import sys, quizzes; assert not {'torch', 'jieba', 'lemminflect', 'sklearn'} & "
         "set(sys.modules), sys.modules.keys(); r = quizzes.grade('lesson1', "
-        "'q_full_vs_shard_grad_op', 'FULL_SHARD 在前向之后释放参数，SHARD_GRAD_OP 保留到反向，所以显存"
-        "更多。', 'zh'); assert {'jieba', 'sklearn'} <= set(sys.modules), 'not loaded'; "
+        "'q_full_vs_shard_grad_op', 'FULL_SHARD 在前向之后释放参数，"
+        "SHARD_GRAD_OP 保留到反向，所以显存更多。', 'zh'); "
+        "assert {'jieba', 'sklearn'} <= set(sys.modules), 'not loaded'; "
         "assert r.details['reason'] in ('complete', 'doubted_correct'), r.details"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
