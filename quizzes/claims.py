@@ -342,7 +342,13 @@ def keyword_list(sentence: str) -> bool:
         )
         return short and not verb and not _zh_phrase(item)
 
-    return len(items) >= 3 and all(keyword(i) for i in items)
+    if len(items) < 3:
+        return False
+    listed = [keyword(i) for i in items]
+    # a long run of items is a list even when one of them is not a term: a verb-like compound
+    # ('activation checkpointing, activations, long sequence, batch size, recompute, ...') or a
+    # run of spaced terms ('分片、集合通信、rank 0、DCP 元数据 FULL_STATE_DICT 优化器状态')
+    return all(listed) or (len(items) >= 6 and sum(listed) >= len(items) - 1)
 
 
 # --- phrasings -----------------------------------------------------------------------------------

@@ -1002,9 +1002,9 @@ def test_a_clause_about_the_alternative_denies_nothing():
             "lesson9",
             "q_master_copy_why",
             "en",
-            "ZeRO-3 keeps a separate fp32 master copy of its partition even in fp32 training. FSDP2 "
-            "steps the parameter shards in place and needs no copy: the fp32 shards serve as the "
-            "master weights.",
+            "ZeRO-3 keeps a separate fp32 master copy of its partition even in fp32 training. "
+            "FSDP2 steps the parameter shards in place and needs no copy: the fp32 shards serve "
+            "as the master weights.",
         ),
         # a remedy says what to do, not what the subject does by default
         (
@@ -1020,8 +1020,8 @@ def test_a_clause_about_the_alternative_denies_nothing():
             "lesson6",
             "q_ddp_hides_init",
             "zh",
-            "DDP 构造时会把 rank 0 的参数广播给所有 rank。FSDP 默认不广播，没有任何东西覆盖每个 rank "
-            "自己的初始化，每个 rank 保留的是自己那份初始化的分片。",
+            "DDP 构造时会把 rank 0 的参数广播给所有 rank。FSDP 默认不广播，"
+            "没有任何东西覆盖每个 rank 自己的初始化，每个 rank 保留的是自己那份初始化的分片。",
         ),
     ],
 )
@@ -1052,3 +1052,22 @@ def test_true_sentences_are_not_read_as_false(lesson, qid, lang, text):
 def test_the_same_mechanisms_still_catch_the_false_way_round(lesson, qid, lang, text):
     r = quizzes.grade(lesson, qid, text, lang)
     assert r.verdict == "wrong" and r.details["misconceptions"], (r.details, r.feedback)
+
+
+@pytest.mark.parametrize(
+    "text,is_list",
+    [
+        # a long list with one item that could be read as a verb phrase is still a list
+        ("sharding, prefetching, gathered params, memory, backward, forward, communication", True),
+        # ... or an item of spaced terms
+        ("分片、all-gather、集合通信、rank 0、检查点、DCP 元数据 FULL_STATE_DICT 优化器状态", True),
+        # a statement with commas is not
+        (
+            "FULL_SHARD frees the parameters, SHARD_GRAD_OP keeps them, so it uses more memory",
+            False,
+        ),
+        ("它为每个 GPU 启动一个进程，并设置 RANK、LOCAL_RANK、WORLD_SIZE 这些环境变量", False),
+    ],
+)
+def test_keyword_lists_with_a_stray_item(text, is_list):
+    assert claims.keyword_list(text) is is_list
