@@ -938,6 +938,7 @@ def read_answer(text: str, secret: dict) -> Reading:
     otherwise = {
         s for s, sent in enumerate(sentence_text) if _COUNTERFACTUAL.match(normalise(sent))
     }
+    headings = {s for s, sent in enumerate(sentence_text) if re.search(r"[:：]\s*$", sent)}
     for i, c in enumerate(all_clauses):
         reading.clauses += 1
         verb = c.sentence in stated
@@ -1010,6 +1011,13 @@ def read_answer(text: str, secret: dict) -> Reading:
         topical = is_topical(c.norm, secret)
         reading.topical += topical
         if accounted:
+            read_sentences.add(c.sentence)
+        elif c.sentence in otherwise or cf or c.sentence in headings:
+            # what the alternative would do ("Without an auto-wrap policy the root unit is the
+            # whole model", "不用 no_sync() 时，每个 micro-batch 都会 reduce-scatter") describes the
+            # thing the question contrasts with, and a heading ("按 block 包的原因：") states
+            # nothing: read, credited with nothing (a misconception entry in it is still false)
+            reading.trace.append(f"[{c.norm}] about the alternative, or a heading: read")
             read_sentences.add(c.sentence)
         elif topical and carries_verb(c.norm):
             reading.trace.append(f"[{c.norm}] about the topic, but nothing the question knows")

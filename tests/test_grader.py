@@ -1071,3 +1071,34 @@ def test_the_same_mechanisms_still_catch_the_false_way_round(lesson, qid, lang, 
 )
 def test_keyword_lists_with_a_stray_item(text, is_list):
     assert claims.keyword_list(text) is is_list
+
+
+@pytest.mark.parametrize(
+    "lang,text",
+    [
+        (
+            "en",
+            "Each block is gathered just before it computes and freed right after, so the peak of "
+            "full parameters is about one block, not the whole model, and the next block's "
+            "all-gather is prefetched while the current one computes. Without a wrap policy, the "
+            "root unit holds every parameter and they are all gathered together.",
+        ),
+        (
+            "zh",
+            "按 block 包以后，每个 block 算之前才 all-gather，算完马上释放，峰值只有大约一个 block "
+            "的参数，而不是整个模型；下一个 block 的 all-gather 还能和当前 block 的计算重叠。"
+            "不按 block 包的话，root 就是整个模型，前向一开始所有参数一起 gather 进来。",
+        ),
+        (
+            "zh",
+            "按 block 包的好处：\n每个 block 算之前才 all-gather，算完马上释放，"
+            "峰值只有大约一个 block 的参数，而不是整个模型；"
+            "下一个 block 的 all-gather 还能和当前 block 的计算重叠。",
+        ),
+    ],
+)
+def test_what_the_alternative_does_and_a_heading_are_read(lang, text):
+    """A sentence about the alternative ('Without a wrap policy ...', '不按 block 包的话 ...')
+    and a heading ('...的好处：') leave nothing unread: they credit nothing either."""
+    r = quizzes.grade("lesson2", "q_why_wrap_per_block", text, lang)
+    assert r.verdict == "correct" and not r.details["unread"], r.details
