@@ -1102,3 +1102,16 @@ def test_what_the_alternative_does_and_a_heading_are_read(lang, text):
     and a heading ('...的好处：') leave nothing unread: they credit nothing either."""
     r = quizzes.grade("lesson2", "q_why_wrap_per_block", text, lang)
     assert r.verdict == "correct" and not r.details["unread"], r.details
+
+
+def test_a_comparison_stated_of_its_rival_is_a_swap():
+    """A restriction true of one subject (a plain sharded save loads only at the same world size)
+    stated of its rival (DCP) is caught and quoted."""
+    r = quizzes.grade(
+        "lesson4",
+        "q_why_not_torch_save",
+        "Each rank holds only its shard of the parameters and optimizer state, so a full state "
+        "dict needs an all-gather every rank joins and the whole model in one rank's memory. But "
+        "a checkpoint written with DCP can still only be read back at the same world size.",
+    )
+    assert r.verdict == "wrong" and "You wrote: «But a checkpoint written with DCP" in r.feedback
