@@ -155,6 +155,7 @@ class Clause:
     resumes: int | None = None  # right after a bracket closes: the index (in the answer) of the
     # clause before the bracket opened, whose statement it continues
     # ("most traffic (AG, RS) stays ...")
+    opener: str = ""  # the separator it was split off at ('which', 'but', ','): lower case
 
 
 def _calls_as_words(text: str) -> str:
@@ -197,6 +198,7 @@ def clauses(text: str) -> list:
                         bool(sep and re.fullmatch(_COMMA + "|[:：]", sep.strip())),
                         depth > 0,
                         closed if depth == 0 else None,
+                        (sep or "").strip().lower(),
                     )
                 )
                 closed = None
@@ -898,6 +900,9 @@ def _ellipsis(clause: str, subjects: dict) -> bool:
     return bool(named) and named[0].start <= 8 and word_count(head) <= 4
 
 
+# the words before ", which ..." that the relative clause may be about ("gives each process RANK")
+_RELATIVE_TAIL = 3
+
 _CF_CLAUSE = re.compile(
     r"^(?:without (?:it|this|that|them|syncing|sync|synchroni[sz]ing)|otherwise|if not|else|不然|"
     r"否则|要不然)\s?"
@@ -962,6 +967,18 @@ def read_answer(text: str, secret: dict) -> Reading:
         events, accounted = _read_clause(
             norm, secret, subjects, owners, clause_inherited, reading.trace
         )
+        prev = all_clauses[i - 1] if i else None
+        if c.opener in ("which", "who") and prev is not None and prev.sentence == c.sentence:
+            # ", which is its index on the local node": a relative clause says it of the noun
+            # right before it ("RANK"); read the two together, keep what needs both
+            tail = " ".join(prev.norm.split()[-_RELATIVE_TAIL:])
+            joined, _ = _read_clause(
+                f"{tail} {norm}", secret, subjects, owners, clause_inherited, reading.trace
+            )
+            alone, _ = _read_clause(tail, secret, subjects, owners, clause_inherited, [])
+            extra = [e for e in joined if e not in alone and e not in events]
+            events += extra
+            accounted = accounted or bool(extra)
         if not accounted and (
             _framing(sentence_text[c.sentence], subjects) or _ellipsis(c.norm, subjects)
         ):
@@ -971,7 +988,6 @@ def read_answer(text: str, secret: dict) -> Reading:
             # nothing.
             reading.trace.append(f"[{c.norm}] a frame or an elliptic denial: read, credits nothing")
             accounted = True
-        prev = all_clauses[i - 1] if i else None
         if not accounted and prev is not None and prev.sentence == c.sentence and c.after_comma:
             # a statement split by a comma ("FULL_SHARD 在前向之后，会释放参数"): read the two
             # together

@@ -1115,3 +1115,27 @@ def test_a_comparison_stated_of_its_rival_is_a_swap():
         "a checkpoint written with DCP can still only be read back at the same world size.",
     )
     assert r.verdict == "wrong" and "You wrote: «But a checkpoint written with DCP" in r.feedback
+
+
+def test_a_relative_clause_is_read_with_the_noun_it_describes():
+    """', which is ...' says it of the noun right before it: RANK and LOCAL_RANK swapped inside
+    relative clauses is caught and quoted; the right way round is not."""
+    swapped = quizzes.grade(
+        "lesson0",
+        "q_torchrun_setup",
+        "It launches one worker per GPU and watches them, restarting on failure, and it exports "
+        "LOCAL_RANK, which is the global index across all nodes, and WORLD_SIZE and MASTER_ADDR "
+        "so the workers can meet.",
+    )
+    assert (
+        swapped.verdict == "wrong"
+        and "rank_local_rank_swapped" in swapped.details["misconceptions"]
+    )
+    right = quizzes.grade(
+        "lesson0",
+        "q_torchrun_setup",
+        "It launches one worker per GPU and watches them, restarting on failure, and it exports "
+        "RANK, which is the global index across all nodes, and WORLD_SIZE and MASTER_ADDR so the "
+        "workers can meet.",
+    )
+    assert right.verdict != "wrong" and not right.details["misconceptions"], right.details
