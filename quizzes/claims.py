@@ -31,7 +31,10 @@ _CLAUSE_SPLIT = re.compile(
     r"(" + _COMMA + r"|[:()\[\]：（）]+"
     # "only while it runs", "just because": a condition of the clause, not a new statement
     r"|(?<!\bonly)(?<!\bjust)\s(?:but|while|whereas|although|though|however|yet|so|because|since|"
-    r"which|therefore|thus|hence)\s|而|但|则|却|不过|然而|所以|因为|因此|于是|从而)"
+    r"which|therefore|thus|hence)\s"
+    # a connective, not the same character inside a word: 反而 (on the contrary), 而且, 进而, 不但,
+    # 否则, 规则 (而 / 但 / 则 alone are 'but' / 'whereas')
+    r"|(?<![反进从因继然])而(?![且言])|(?<!不)但|(?<![否规原准法])则|却|不过|然而|所以|因为|因此|于是|从而)"
 )
 
 # What makes a mention the thing compared with rather than the subject of the clause.
@@ -605,6 +608,8 @@ _AND = re.compile(r"\sand\s|并且|并")
 # English 'X is disabled'.
 _NEG_AFTER = re.compile(
     r"\s?(?:不了|不下|不动|不到|不起|不出|不成|不上|不进|不回)"
+    # a negative object right after the verb: "FSDP frees nothing until ...", "it saves none"
+    r"|\s(?:nothing|none)(?![a-z0-9])"
     r"|\s(?:is|are|gets|get|becomes|become|was|were) (?:disabled|turned off|impossible|lost|"
     r"broken|gone|blocked|not possible)(?![a-z0-9])"
 )

@@ -1139,3 +1139,24 @@ def test_a_relative_clause_is_read_with_the_noun_it_describes():
         "workers can meet.",
     )
     assert right.verdict != "wrong" and not right.details["misconceptions"], right.details
+
+
+def test_connectives_split_clauses_but_not_the_words_they_are_part_of():
+    parts = [
+        c
+        for _, c in claims.split_clauses(
+            "按 block 包之后反而更快，而且显存更少；前者释放而后者保留"
+        )
+    ]
+    assert parts == ["按 block 包之后反而更快", "而且显存更少", "前者释放", "后者保留"]
+
+
+def test_a_negative_object_denies_the_verb():
+    """'FSDP frees nothing until the end of backward' denies that it frees."""
+    r = quizzes.grade(
+        "lesson2",
+        "q_why_wrap_per_block",
+        "With per-block units FSDP gathers one block at a time, but it frees nothing until the end "
+        "of backward, so the whole model's parameters are in memory at the peak anyway.",
+    )
+    assert r.verdict == "wrong" and r.details["misconceptions"], r.details
