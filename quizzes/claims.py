@@ -748,7 +748,7 @@ def is_topical(clause: str, secret: dict) -> bool:
 
 
 def _read_clause(
-    norm: str, secret: dict, subjects: dict, owners: set, inherited, trace: list
+    norm: str, secret: dict, subjects: dict, owners: set, inherited, trace: list, stated=None
 ) -> tuple:
     """([(kind, key, message)], accounted?) for one clause. kind: 'supports' (key = claim id),
     'wrong' (key = (id, form index, which); message = what is true instead), 'neutral'."""
@@ -829,6 +829,8 @@ def _read_clause(
                 continue  # a condition, not a claim: denying it says nothing false
             if true:
                 events.append(("supports", claim["id"], None))
+                if stated is not None:  # what it states of whom, for an elliptic clause after it
+                    stated.append((claim, form, f_index, subject))
             elif swapped and "swapped" in form:
                 events.append(("wrong", (claim["id"], f_index, "swapped"), form["swapped"]))
             else:
@@ -902,7 +904,14 @@ def _ellipsis(clause: str, subjects: dict) -> bool:
         return False
     named = subject_mentions(clause, subjects)
     head = (m.group(1) or m.group(2) or "").strip()
-    return bool(named) and named[0].start <= 8 and word_count(head) <= 4
+    # the subject may be two of them: "ZeRO-1 和 ZeRO-2 都没有", "DDP and FSDP1 do not"
+    rest = head
+    for mention in named:
+        rest = rest.replace(clause[mention.start : mention.end], " ")
+    listed = re.fullmatch(
+        r"[\s,、\d]*(?:(?:and|or|和|与|及|以及|或)[\s,、\d]*)*(?:都|both|)\s*", rest
+    )
+    return bool(named) and named[0].start <= 8 and (word_count(head) <= 4 or bool(listed))
 
 
 # the words before ", which ..." that the relative clause may be about ("gives each process RANK")
@@ -939,6 +948,7 @@ def read_answer(text: str, secret: dict) -> Reading:
                 reading.misconceptions.append((key[0], message, quote))
 
     inherited, prev_inherited, unread, read_sentences = None, None, [], set()
+    last_stated = []  # (claim, form, form index, subject) the last clause that stated one stated
     # a sentence of remedies ("Fixes: a broadcast before wrapping", "修法就是 ...") says what to do,
     # not what the subjects named before it do
     remedies = {s for s, sent in enumerate(sentence_text) if _REMEDY.match(normalise(sent))}
@@ -969,8 +979,9 @@ def read_answer(text: str, secret: dict) -> Reading:
         # alternative)
         cf = _CF_CLAUSE.match(c.norm)
         norm = c.norm[cf.end() :] if cf else c.norm
+        stated_here = []
         events, accounted = _read_clause(
-            norm, secret, subjects, owners, clause_inherited, reading.trace
+            norm, secret, subjects, owners, clause_inherited, reading.trace, stated_here
         )
         prev = all_clauses[i - 1] if i else None
         if c.opener in ("which", "who") and prev is not None and prev.sentence == c.sentence:
@@ -993,6 +1004,18 @@ def read_answer(text: str, secret: dict) -> Reading:
             # nothing.
             reading.trace.append(f"[{c.norm}] a frame or an elliptic denial: read, credits nothing")
             accounted = True
+            named = [m.name for m in subject_mentions(c.norm, subjects) if not m.comparand]
+            if named and _ellipsis(c.norm, subjects) and prev is not None:
+                # "..., SHARD_GRAD_OP does not" denies the statement before it of its rival: fine;
+                # denied of the very subject it was stated of ("这份主副本只有 ZeRO-3 才有，
+                # ZeRO-1 和 ZeRO-2 都没有") it says that subject does not do what it does
+                for claim, form, f_index, subject in last_stated:
+                    if form.get("subject") and subject == form["subject"] == named[0]:
+                        reading.trace.append(
+                            f"[{c.norm}] elliptic denial of {claim['id']} of its own subject "
+                            f"{subject} -> MISCONCEPTION"
+                        )
+                        events.append(("wrong", (claim["id"], f_index, "wrong"), form["wrong"]))
         if not accounted and prev is not None and prev.sentence == c.sentence and c.after_comma:
             # a statement split by a comma ("FULL_SHARD 在前向之后，会释放参数"): read the two
             # together
@@ -1044,6 +1067,8 @@ def read_answer(text: str, secret: dict) -> Reading:
             reading.trace.append(f"[{c.norm}] about the topic, but nothing the question knows")
             if c.sentence not in unread:
                 unread.append(c.sentence)
+        if stated_here:
+            last_stated = stated_here
         named = [m for m in subject_mentions(c.norm, subjects) if not m.comparand]
         prev_inherited = clause_inherited
         if named:

@@ -1160,3 +1160,22 @@ def test_a_negative_object_denies_the_verb():
         "of backward, so the whole model's parameters are in memory at the peak anyway.",
     )
     assert r.verdict == "wrong" and r.details["misconceptions"], r.details
+
+
+@pytest.mark.parametrize(
+    "tail,false",
+    [
+        ("Only ZeRO-3 keeps a separate master copy, ZeRO-1 and ZeRO-2 do not.", True),
+        ("ZeRO-3 keeps a separate master copy, FSDP2 does not.", False),
+    ],
+)
+def test_an_elliptic_denial_of_the_subject_the_statement_was_about_is_false(tail, false):
+    """'X does it, Y does not' is fine of the rival; denied of the same subject ('ZeRO-1 and
+    ZeRO-2 do not', the bank's one ZeRO) it contradicts what is true of that subject."""
+    r = quizzes.grade(
+        "lesson9",
+        "q_master_copy_why",
+        "ZeRO-3 keeps a separate fp32 master copy of its partition even in fp32, 4P/N more bytes "
+        "per rank; FSDP2's AdamW steps the parameter shards in place, so it needs no copy. " + tail,
+    )
+    assert (r.verdict == "wrong" and bool(r.details["misconceptions"])) is false, r.details
