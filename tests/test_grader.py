@@ -1179,3 +1179,31 @@ def test_an_elliptic_denial_of_the_subject_the_statement_was_about_is_false(tail
         "per rank; FSDP2's AdamW steps the parameter shards in place, so it needs no copy. " + tail,
     )
     assert (r.verdict == "wrong" and bool(r.details["misconceptions"])) is false, r.details
+
+
+@pytest.mark.parametrize(
+    "lang,text,false",
+    [
+        (
+            "en",
+            "Each block is gathered, used and freed in turn, so about one block is unsharded at a "
+            "time. Finer wrapping would be faster still, so wrap every Linear.",
+            True,
+        ),
+        (
+            "en",
+            "Each block is gathered, used and freed in turn, so about one block is unsharded at a "
+            "time. Finer wrapping would not be faster: many tiny all-gathers, each paying latency.",
+            False,
+        ),
+        (
+            "zh",
+            "不包的话 FSDP 也是一个 block 一个 block 地 gather，按 block 包以后反而所有 block 一起 "
+            "all-gather。",
+            True,
+        ),
+    ],
+)
+def test_granularity_and_policy_swaps_are_caught(lang, text, false):
+    r = quizzes.grade("lesson2", "q_why_wrap_per_block", text, lang)
+    assert bool(r.details["misconceptions"]) is false, r.details
