@@ -1207,3 +1207,25 @@ def test_an_elliptic_denial_of_the_subject_the_statement_was_about_is_false(tail
 def test_granularity_and_policy_swaps_are_caught(lang, text, false):
     r = quizzes.grade("lesson2", "q_why_wrap_per_block", text, lang)
     assert bool(r.details["misconceptions"]) is false, r.details
+
+
+@pytest.mark.parametrize(
+    "lang,gain,text",
+    [
+        (
+            "en",
+            True,
+            "Until the last micro-batch, the first K-1 micro-batches do not reduce-scatter.",
+        ),
+        ("zh", True, "前 K-1 个微批都不用 reduce-scatter，到最后一个才同步。"),
+        ("zh", True, "K 次 reduce-scatter 省掉了 K-1 次。"),
+        ("en", False, "The first K-1 micro-batches reduce-scatter as usual."),
+    ],
+)
+def test_the_saving_stated_as_a_denial_is_credited(lang, gain, text):
+    """'the first K-1 micro-batches do not reduce-scatter' states the gain as skipping does; said
+    affirmatively it states nothing (no misconception either)."""
+    r = quizzes.grade("lesson3", "q_when_worth_it", text, lang)
+    assert ("gain" not in r.details["missing"]) is gain and not r.details["misconceptions"], (
+        r.details
+    )
