@@ -1229,3 +1229,25 @@ def test_the_saving_stated_as_a_denial_is_credited(lang, gain, text):
     assert ("gain" not in r.details["missing"]) is gain and not r.details["misconceptions"], (
         r.details
     )
+
+
+@pytest.mark.parametrize(
+    "lang,text",
+    [
+        (
+            "en",
+            "The all-gathers and reduce-scatters stay inside a node on NVLink, and only a small "
+            "all-reduce of the gradient shards crosses the slower network between nodes. The price "
+            "is memory: each node holds a full copy of the sharded state.",
+        ),
+        (
+            "zh",
+            "分片组的 all-gather 和 reduce-scatter 都留在节点内走 NVLink，"
+            "跨节点只有梯度分片的一次小 all-reduce。节点内带宽比节点间高得多。"
+            "代价是显存：每个节点都存一整份分片状态。",
+        ),
+    ],
+)
+def test_true_side_remarks_of_the_hsdp_answer_are_read(lang, text):
+    r = quizzes.grade("lesson8", "q_hsdp_why", text, lang)
+    assert r.verdict == "correct" and not r.details["unread"], r.details
