@@ -1019,7 +1019,18 @@ def read_answer(text: str, secret: dict) -> Reading:
         if not accounted and prev is not None and prev.sentence == c.sentence and c.after_comma:
             # a statement split by a comma ("FULL_SHARD 在前向之后，会释放参数"): read the two
             # together
-            joined = f"{prev.norm} {c.norm}"
+            # an enumeration joined by 、 is one statement ("两者平时都是参数、梯度、优化器状态
+            # 全分片"): read from the clause before its first item
+            start = i - 1
+            while (
+                start > 0
+                and c.opener == "、"
+                and all_clauses[start].opener == "、"
+                and (all_clauses[start - 1].sentence == c.sentence)
+            ):
+                start -= 1
+            before_items = " ".join(x.norm for x in all_clauses[start:i])
+            joined = f"{before_items} {c.norm}"
             events, _ = _read_clause(
                 joined, secret, subjects, owners, prev_inherited, reading.trace
             )
@@ -1029,7 +1040,7 @@ def read_answer(text: str, secret: dict) -> Reading:
             # only what needs both halves reads this clause: a phrasing the clause before states on
             # its own ("..., and MASTER_ADDR for the rendezvous, and it also copies the model") is
             # no evidence for what this clause says
-            alone, _ = _read_clause(prev.norm, secret, subjects, owners, prev_inherited, [])
+            alone, _ = _read_clause(before_items, secret, subjects, owners, prev_inherited, [])
             events = [e for e in events if e not in alone]
             accounted = bool(events)
             apply(events, f"{prev.text}, {c.text}")

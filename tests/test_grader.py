@@ -1251,3 +1251,16 @@ def test_the_saving_stated_as_a_denial_is_credited(lang, gain, text):
 def test_true_side_remarks_of_the_hsdp_answer_are_read(lang, text):
     r = quizzes.grade("lesson8", "q_hsdp_why", text, lang)
     assert r.verdict == "correct" and not r.details["unread"], r.details
+
+
+def test_an_enumeration_with_dun_commas_is_read_as_one_statement():
+    """'两者都把参数、梯度、优化器状态分片' is one statement (a known neutral remark of lesson 1),
+    though 、 separates its items."""
+    r = quizzes.grade(
+        "lesson1",
+        "q_full_vs_shard_grad_op",
+        "两者都把参数、梯度、优化器状态分片。FULL_SHARD 前向之后释放参数，反向再 all-gather 一次；"
+        "SHARD_GRAD_OP 保留到反向，显存更多。",
+        "zh",
+    )
+    assert r.verdict == "correct" and not r.details["unread"], r.details
