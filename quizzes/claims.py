@@ -842,6 +842,12 @@ def _read_clause(
         subject, anchor, _ = resolve_subject(mentions, m.start(), m.end(), inherited)
         if mis.get("subject") and subject != mis["subject"]:
             continue
+        if subject is not None and subject in mis.get("true_of", ()):
+            # "under DDP the different seeds are harmless" is true: the entry is false only of
+            # the other subjects
+            trace.append(f"[{norm}] misconception {mis['id']} {m.group(0)!r} true of {subject}")
+            accounted = True
+            continue
         affirmed = _polarity(norm, m, anchor)
         trace.append(
             f"[{norm}] misconception {mis['id']} {m.group(0)!r} subject={subject} "

@@ -1264,3 +1264,21 @@ def test_an_enumeration_with_dun_commas_is_read_as_one_statement():
         "zh",
     )
     assert r.verdict == "correct" and not r.details["unread"], r.details
+
+
+@pytest.mark.parametrize(
+    "tail,false",
+    [
+        ("Under DDP the different seeds are harmless.", False),
+        ("Under FSDP the different seeds are harmless too.", True),
+    ],
+)
+def test_a_misconception_true_of_one_subject_is_false_only_of_the_others(tail, false):
+    """lesson 6's 'harmless' is `true_of` DDP: said of DDP it is true, of FSDP it is not."""
+    r = quizzes.grade(
+        "lesson6",
+        "q_ddp_hides_init",
+        "DDP broadcasts rank 0's parameters and buffers when it is constructed. FSDP does not "
+        "broadcast: each rank keeps the shard of its own init. " + tail,
+    )
+    assert ("harmless" in r.details["misconceptions"]) is false, r.details
