@@ -1282,3 +1282,18 @@ def test_a_misconception_true_of_one_subject_is_false_only_of_the_others(tail, f
         "broadcast: each rank keeps the shard of its own init. " + tail,
     )
     assert ("harmless" in r.details["misconceptions"]) is false, r.details
+
+
+@pytest.mark.parametrize(
+    "first,false",
+    [("FULL_SHARD", False), ("SHARD_GRAD_OP", True)],
+)
+def test_resharding_as_soon_as_forward_is_done_names_when(first, false):
+    r = quizzes.grade(
+        "lesson1",
+        "q_full_vs_shard_grad_op",
+        f"With {first} each unit reshards as soon as its forward is done, so backward has to "
+        "all-gather the parameters again: less memory, more communication.",
+    )
+    assert ("when_freed" not in r.details["missing"]) is not false, r.details
+    assert bool(r.details["misconceptions"]) is false, r.details
