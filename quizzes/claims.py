@@ -639,7 +639,10 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
     after = _NEG_AFTER.match(clause, match.end())
     # a verb that undoes its object denies it: "DDP overwrites each rank's own init" says the own
     # init is not kept, so "nothing overwrites each rank's own init" (没有任何东西覆盖) says it is
-    undone = bool(_UNDO.search(clause[anchor : match.start()]))
+    undone = any(
+        _reaches(clause, u.end(), match.start())
+        for u in _UNDO.finditer(clause, anchor, match.start())
+    )
     return (len(cues) + bool(after) + undone) % 2 == 0
 
 

@@ -1297,3 +1297,14 @@ def test_resharding_as_soon_as_forward_is_done_names_when(first, false):
     )
     assert ("when_freed" not in r.details["missing"]) is not false, r.details
     assert bool(r.details["misconceptions"]) is false, r.details
+
+
+def test_a_verb_that_undoes_reaches_only_its_own_object():
+    """'discards' denies what it discards, not a later verb of the clause ('gathers them anew')."""
+    r = quizzes.grade(
+        "lesson1",
+        "q_full_vs_shard_grad_op",
+        "FULL_SHARD discards each unit's gathered parameters once its forward ends and gathers "
+        "them anew for backward; SHARD_GRAD_OP keeps them until backward and uses more memory.",
+    )
+    assert r.verdict == "correct" and not r.details["misconceptions"], r.details
