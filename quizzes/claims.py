@@ -750,6 +750,14 @@ def is_topical(clause: str, secret: dict) -> bool:
     return any(compile_phrase(p).search(clause) for p in _topic_phrasings(secret) + COURSE_TERMS)
 
 
+def _bare_noun(matched: str) -> bool:
+    """One English word that is a noun and no verb (lemminflect): 'latency', 'overhead'."""
+    if not re.fullmatch(r"[a-z]+", matched.strip()):
+        return False
+    lemmas = en_lemmas(matched.strip())
+    return "NOUN" in lemmas and "VERB" not in lemmas
+
+
 def _read_clause(
     norm: str, secret: dict, subjects: dict, owners: set, inherited, trace: list, stated=None
 ) -> tuple:
@@ -813,6 +821,15 @@ def _read_clause(
                 trace.append(
                     f"[{norm}] {claim['id']}#{f_index + 1} {m.group(0)!r} denied of the rival: "
                     "read, not credited"
+                )
+                accounted = True
+                continue
+            if not true and not affirmed and not want and _bare_noun(m.group(0)):
+                # a form that is a bare noun ('latency', 'overhead') names a topic; denying the
+                # noun ("not dominated by latency") does not deny the claim it stands for
+                trace.append(
+                    f"[{norm}] {claim['id']}#{f_index + 1} {m.group(0)!r} a bare noun denied: "
+                    "read, states nothing"
                 )
                 accounted = True
                 continue

@@ -1308,3 +1308,15 @@ def test_a_verb_that_undoes_reaches_only_its_own_object():
         "them anew for backward; SHARD_GRAD_OP keeps them until backward and uses more memory.",
     )
     assert r.verdict == "correct" and not r.details["misconceptions"], r.details
+
+
+def test_denying_a_bare_noun_phrasing_denies_nothing():
+    """'not dominated by latency' denies the latency, not the granularity trade-off it names."""
+    r = quizzes.grade(
+        "lesson2",
+        "q_why_wrap_per_block",
+        "Each block is gathered, used and freed in turn, so about one block is unsharded at a "
+        "time, not the whole model, and the next block's all-gather overlaps with the current "
+        "block's compute. Blocks are big enough that each collective is not dominated by latency.",
+    )
+    assert not r.details["misconceptions"] and r.verdict != "wrong", r.details
