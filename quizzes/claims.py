@@ -908,7 +908,10 @@ _FRAME = re.compile(
     r"what (?:differs|matters|changes) is|it'?\s?s (?:all |)(?:about|a [a-z ]{0,30}(?:choice|"
     r"trade ?off|trade|deal|exchange))|it is (?:all |)(?:about|a [a-z ]{0,30}(?:choice|trade ?off|"
     r"trade|deal|exchange))|think of|(?:区别|差别|不同|关键|核心|重点)(?:就|)(?:在于|是)|(?:本质上|"
-    r"其实|说白了|简单说)(?:就|)是)"
+    r"其实|说白了|简单说)(?:就|)是"
+    # what the answer depends on: "it depends on the batch", "看每张卡上的 batch 大不大"
+    r"|(?:it |that |this |)(?:all |)depends on|取决于"
+    r"|(?:这|)(?:主要|)(?:要|得|就|)看(?!到|见|出|起来))"
 )
 _ELLIPSIS = re.compile(
     r"^(?:(?:but |while |whereas |and |)(.+?) (?:does not|doesn'?\s?t|do not|don'?\s?t|"

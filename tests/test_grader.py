@@ -1320,3 +1320,24 @@ def test_denying_a_bare_noun_phrasing_denies_nothing():
         "block's compute. Blocks are big enough that each collective is not dominated by latency.",
     )
     assert not r.details["misconceptions"] and r.verdict != "wrong", r.details
+
+
+@pytest.mark.parametrize(
+    "lang,text",
+    [
+        (
+            "en",
+            "When each rank only has a few samples its own batch statistics are far from the "
+            "global ones, so sync. With a large per-rank batch of the same distribution it isn't "
+            "necessary.",
+        ),
+        (
+            "zh",
+            "看每张卡上的 batch 大不大。"
+            "每个 rank 只有几个样本时，自己算的均值和方差跟全局差很多，要同步。",
+        ),
+    ],
+)
+def test_bn_sync_side_remarks_and_what_it_depends_on_are_read(lang, text):
+    r = quizzes.grade("lesson6", "q_bn_sync", text, lang)
+    assert not r.details["unread"] and r.verdict == "correct", r.details

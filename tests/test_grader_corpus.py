@@ -113,7 +113,7 @@ PSEUDO_HELDOUT_BOUNDS = {
         n=216, wrong_correct=2, correct_wrong=0, right_missed=23, wrong_wrong=112
     ),
     "heldout round 2": dict(
-        n=240, wrong_correct=2, correct_wrong=1, right_missed=26, wrong_wrong=120
+        n=240, wrong_correct=2, correct_wrong=1, right_missed=23, wrong_wrong=120
     ),
 }
 
