@@ -1341,3 +1341,34 @@ def test_denying_a_bare_noun_phrasing_denies_nothing():
 def test_bn_sync_side_remarks_and_what_it_depends_on_are_read(lang, text):
     r = quizzes.grade("lesson6", "q_bn_sync", text, lang)
     assert not r.details["unread"] and r.verdict == "correct", r.details
+
+
+@pytest.mark.parametrize(
+    "lang,text,verdict",
+    [
+        (
+            "zh",
+            "torchrun 在每个节点上给每张卡起一个进程，进程挂了可以重启；"
+            "每个进程的环境变量里有 RANK、LOCAL_RANK、WORLD_SIZE 和 MASTER_ADDR。"
+            "LOCAL_RANK 是节点内的编号，用来选卡。",
+            "correct",
+        ),
+        (
+            "en",
+            "It starts one process per GPU and restarts them when one fails, and sets RANK, "
+            "LOCAL_RANK, WORLD_SIZE and MASTER_ADDR/PORT in each one's environment. That is why "
+            "init_process_group with env:// needs no arguments.",
+            "correct",
+        ),
+        (
+            "en",
+            "It starts one process per GPU and restarts them when one fails, and sets RANK, "
+            "LOCAL_RANK, WORLD_SIZE and MASTER_ADDR/PORT in each one's environment. LOCAL_RANK is "
+            "the global index across all nodes.",
+            "wrong",
+        ),
+    ],
+)
+def test_torchrun_side_remarks_are_read_and_the_swap_still_caught(lang, text, verdict):
+    r = quizzes.grade("lesson0", "q_torchrun_setup", text, lang)
+    assert r.verdict == verdict, r.details
