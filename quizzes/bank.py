@@ -415,6 +415,9 @@ def validate_open(s: dict) -> list:
         p += _fix_problems(where, m, ("wrong",))
         if "subject" in m and m["subject"] not in subjects:
             p.append(f"{where}: subject {m['subject']!r} is not in secret.subjects")
+        true_of = m.get("true_of", [])
+        if not isinstance(true_of, list) or any(x not in subjects for x in true_of):
+            p.append(f"{where}: true_of must list subjects of secret.subjects")
     if "min_claims" in s:
         p.append(
             "secret.min_claims is no longer graded: an answer is correct when it states every key "
