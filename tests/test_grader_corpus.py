@@ -1,5 +1,5 @@
 """Every open question of every bank is graded against its labelled corpus of learner answers
-(tests/data/quiz_corpus/<lesson>.json): every label must hold, and a bank's open question
+(quizzes/labelled_answers/<lesson>.json): every label must hold, and a bank's open question
 without a corpus of at least 15 correct and 15 wrong answers fails. New banks are found
 automatically."""
 
