@@ -33,7 +33,7 @@ LABELLED = Path(__file__).resolve().parent / "labelled_answers"
 
 # P(right) below which the rules' "correct" is withheld, and above which their "wrong" is.
 DOUBT_CORRECT = 0.7
-DOUBT_WRONG = 0.7
+DOUBT_WRONG = 0.5
 # Fewer labelled answers of either label than this: no second reading for the question.
 MIN_PER_LABEL = 8
 
