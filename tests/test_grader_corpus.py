@@ -151,21 +151,32 @@ def test_every_open_question_has_a_heldout_set(lesson, qid):
     assert len(items) >= 24 and {i["lang"] for i in items} == {"en", "zh"}
 
 
-def test_heldout_targets(capsys):
-    """Issue 21's targets on the held-out set, which the rules were never tuned on. A held-out set
-    whose answers are already in the tuning corpus (round 2, moved in after it was measured; see
-    quizzes/README.md, 'Measured') measures nothing the rules were not fitted to: skipped until a
-    fresh round replaces it."""
+def test_heldout_answers_are_not_in_the_tuning_corpus():
+    """The held-out set measures answers neither the rules nor the second reading (trained on the
+    labelled answers) have seen: none of its answers may be among the labelled answers."""
     tuned = {
         i["answer"]
         for path in CORPUS_DIR.glob("*.json")
         for items in corpus.read_corpus(path)["questions"].values()
         for i in items
     }
+    seen = [
+        g.item["answer"] for g in corpus.grade_corpus([HELDOUT_DIR]) if g.item["answer"] in tuned
+    ]
+    assert not seen, seen[:3]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="held-out round 3, measured once at 05:36 UTC on 2026-12-02 with the rules and "
+    "the second reading as merged (quizzes/README.md, 'Measured (round 3)'): right graded "
+    "unsure 55.0% (at most 30%) fails; wrong graded correct 0.0%, right graded wrong 1.0%, "
+    "wrong graded wrong 69.3% pass. Strict: passing turns this red until it is re-armed",
+)
+def test_heldout_targets(capsys):
+    """Issue 21's targets on the held-out set, which neither the rules nor the second reading were
+    tuned or trained on."""
     graded = corpus.grade_corpus([HELDOUT_DIR])
-    seen = sum(g.item["answer"] in tuned for g in graded)
-    if seen:
-        pytest.skip(f"{seen} of the {len(graded)} held-out answers are in the tuning corpus")
     text, met = corpus.report(graded, "held-out set")
     with capsys.disabled():
         print("\n" + text)
