@@ -50,6 +50,7 @@ class Question:
     unit: dict | None = None
     sealed: str = ""
     _secret: dict | None = field(default=None, repr=False, compare=False)
+    lesson: str = ""  # set by the bank that holds it
 
     @property
     def secret(self) -> dict:
@@ -179,6 +180,8 @@ def bank_from_dict(data: dict, path: Path | None = None) -> Bank:
     bank = Bank(
         data.get("lesson", path.stem if path else "?"), data.get("title", {}), questions, path
     )
+    for q in questions:
+        q.lesson = bank.lesson
     problems = validate(bank)
     if problems:
         raise QuizError(
@@ -412,6 +415,9 @@ def validate_open(s: dict) -> list:
         p += _fix_problems(where, m, ("wrong",))
         if "subject" in m and m["subject"] not in subjects:
             p.append(f"{where}: subject {m['subject']!r} is not in secret.subjects")
+        true_of = m.get("true_of", [])
+        if not isinstance(true_of, list) or any(x not in subjects for x in true_of):
+            p.append(f"{where}: true_of must list subjects of secret.subjects")
     if "min_claims" in s:
         p.append(
             "secret.min_claims is no longer graded: an answer is correct when it states every key "

@@ -31,7 +31,10 @@ _CLAUSE_SPLIT = re.compile(
     r"(" + _COMMA + r"|[:()\[\]：（）]+"
     # "only while it runs", "just because": a condition of the clause, not a new statement
     r"|(?<!\bonly)(?<!\bjust)\s(?:but|while|whereas|although|though|however|yet|so|because|since|"
-    r"which|therefore|thus|hence)\s|而|但|则|却|不过|然而|所以|因为|因此|于是|从而)"
+    r"which|therefore|thus|hence)\s"
+    # a connective, not the same character inside a word: 反而 (on the contrary), 而且, 进而, 不但,
+    # 否则, 规则 (而 / 但 / 则 alone are 'but' / 'whereas')
+    r"|(?<![反进从因继然])而(?![且言])|(?<!不)但|(?<![否规原准法])则|却|不过|然而|所以|因为|因此|于是|从而)"
 )
 
 # What makes a mention the thing compared with rather than the subject of the clause.
@@ -155,6 +158,7 @@ class Clause:
     resumes: int | None = None  # right after a bracket closes: the index (in the answer) of the
     # clause before the bracket opened, whose statement it continues
     # ("most traffic (AG, RS) stays ...")
+    opener: str = ""  # the separator it was split off at ('which', 'but', ','): lower case
 
 
 def _calls_as_words(text: str) -> str:
@@ -197,6 +201,7 @@ def clauses(text: str) -> list:
                         bool(sep and re.fullmatch(_COMMA + "|[:：]", sep.strip())),
                         depth > 0,
                         closed if depth == 0 else None,
+                        (sep or "").strip().lower(),
                     )
                 )
                 closed = None
@@ -342,7 +347,13 @@ def keyword_list(sentence: str) -> bool:
         )
         return short and not verb and not _zh_phrase(item)
 
-    return len(items) >= 3 and all(keyword(i) for i in items)
+    if len(items) < 3:
+        return False
+    listed = [keyword(i) for i in items]
+    # a long run of items is a list even when one of them is not a term: a verb-like compound
+    # ('activation checkpointing, activations, long sequence, batch size, recompute, ...') or a
+    # run of spaced terms ('分片、集合通信、rank 0、DCP 元数据 FULL_STATE_DICT 优化器状态')
+    return all(listed) or (len(items) >= 6 and sum(listed) >= len(items) - 1)
 
 
 # --- phrasings -----------------------------------------------------------------------------------
@@ -353,8 +364,14 @@ def _is_ascii_word(ch: str) -> bool:
 
 
 # "..." in a phrasing: a few words in between, not across "and" (that starts another statement:
-# "saves memory and pays with an extra all-gather" does not say "saves ... all-gather").
-_GAP = r"(?:(?!\sand\s)[^\n]){0,40}?"
+# "saves memory and pays with an extra all-gather" does not say "saves ... all-gather"), nor
+# across the turn of a trade, which puts what is paid on the far side of what is saved: "saving
+# that second all-gather at the cost of memory" does not say "saves ... memory", nor 省显存费通信
+# 省 ... 通信
+_TRADE = (
+    r"\s?at the (?:cost|expense) of|\sin (?:exchange|return) for|\sin trade for|代价|费|换取|换来"
+)
+_GAP = r"(?:(?!\sand\s|" + _TRADE + r")[^\n]){0,40}?"
 
 
 @lru_cache(maxsize=4096)
@@ -591,6 +608,8 @@ _AND = re.compile(r"\sand\s|并且|并")
 # English 'X is disabled'.
 _NEG_AFTER = re.compile(
     r"\s?(?:不了|不下|不动|不到|不起|不出|不成|不上|不进|不回)"
+    # a negative object right after the verb: "FSDP frees nothing until ...", "it saves none"
+    r"|\s(?:nothing|none)(?![a-z0-9])"
     r"|\s(?:is|are|gets|get|becomes|become|was|were) (?:disabled|turned off|impossible|lost|"
     r"broken|gone|blocked|not possible)(?![a-z0-9])"
 )
@@ -618,12 +637,33 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
             continue
         cues.append(c)
     after = _NEG_AFTER.match(clause, match.end())
-    return (len(cues) + bool(after)) % 2 == 0
+    # a verb that undoes its object denies it: "DDP overwrites each rank's own init" says the own
+    # init is not kept, so "nothing overwrites each rank's own init" (没有任何东西覆盖) says it is
+    undone = any(
+        _reaches(clause, u.end(), match.start())
+        for u in _UNDO.finditer(clause, anchor, match.start())
+    )
+    return (len(cues) + bool(after) + undone) % 2 == 0
+
+
+_UNDO = re.compile(
+    r"(?<![a-z])(?:overwr\w*|overrid\w*|replac\w*|clobber\w*|erase\w*|discard\w*|wipe\w*)"
+    r"(?![a-z])|覆盖|覆写|替换|抹掉|冲掉|丢掉"
+)
 
 
 # An infinitive of purpose ("to save ... and load on another world size, you need ...") states
 # nothing about whether the thing works.
 _PURPOSE = re.compile(r"(?:^|(?<![a-z0-9]))(?:to|in order to)\s$|^(?:to|in order to|为了)\s")
+
+
+# a thing named as the role another plays ("the shards play the role of the master weights",
+# "分片参数自己就起了 master weights 的作用") says what that other thing is, not that it has one
+_ROLE_BEFORE = re.compile(
+    r"(?<![a-z])(?:play\w* (?:the |a |)(?:role|part) of|serv\w* as|act\w* as|doubl\w* as|"
+    r"function\w* as|work\w* as) (?:the |a |an |their |its |)$|(?:充当|当作|起到?了?|扮演)\s?$"
+)
+_ROLE_AFTER = re.compile(r"\s?(?:的|)\s?(?:作用|角色)")
 
 
 _CONDITION_BEFORE = re.compile(
@@ -710,8 +750,16 @@ def is_topical(clause: str, secret: dict) -> bool:
     return any(compile_phrase(p).search(clause) for p in _topic_phrasings(secret) + COURSE_TERMS)
 
 
+def _bare_noun(matched: str) -> bool:
+    """One English word that is a noun and no verb (lemminflect): 'latency', 'overhead'."""
+    if not re.fullmatch(r"[a-z]+", matched.strip()):
+        return False
+    lemmas = en_lemmas(matched.strip())
+    return "NOUN" in lemmas and "VERB" not in lemmas
+
+
 def _read_clause(
-    norm: str, secret: dict, subjects: dict, owners: set, inherited, trace: list
+    norm: str, secret: dict, subjects: dict, owners: set, inherited, trace: list, stated=None
 ) -> tuple:
     """([(kind, key, message)], accounted?) for one clause. kind: 'supports' (key = claim id),
     'wrong' (key = (id, form index, which); message = what is true instead), 'neutral'."""
@@ -733,6 +781,13 @@ def _read_clause(
                 for _, _, o in found
             ):
                 # another form of this claim reads these words first (or reads more of them)
+                continue
+            if _ROLE_BEFORE.search(norm[: m.start()]) or _ROLE_AFTER.match(norm, m.end()):
+                accounted = True
+                trace.append(
+                    f"[{norm}] {claim['id']}#{f_index + 1} {m.group(0)!r} named as a role: read, "
+                    "states nothing"
+                )
                 continue
             if form.get("negated") and (
                 _PURPOSE.search(norm[: m.start()])
@@ -769,6 +824,15 @@ def _read_clause(
                 )
                 accounted = True
                 continue
+            if not true and not affirmed and not want and _bare_noun(m.group(0)):
+                # a form that is a bare noun ('latency', 'overhead') names a topic; denying the
+                # noun ("not dominated by latency") does not deny the claim it stands for
+                trace.append(
+                    f"[{norm}] {claim['id']}#{f_index + 1} {m.group(0)!r} a bare noun denied: "
+                    "read, states nothing"
+                )
+                accounted = True
+                continue
             outcome = (
                 "supports"
                 if true
@@ -785,6 +849,8 @@ def _read_clause(
                 continue  # a condition, not a claim: denying it says nothing false
             if true:
                 events.append(("supports", claim["id"], None))
+                if stated is not None:  # what it states of whom, for an elliptic clause after it
+                    stated.append((claim, form, f_index, subject))
             elif swapped and "swapped" in form:
                 events.append(("wrong", (claim["id"], f_index, "swapped"), form["swapped"]))
             else:
@@ -795,6 +861,12 @@ def _read_clause(
             continue
         subject, anchor, _ = resolve_subject(mentions, m.start(), m.end(), inherited)
         if mis.get("subject") and subject != mis["subject"]:
+            continue
+        if subject is not None and subject in mis.get("true_of", ()):
+            # "under DDP the different seeds are harmless" is true: the entry is false only of
+            # the other subjects
+            trace.append(f"[{norm}] misconception {mis['id']} {m.group(0)!r} true of {subject}")
+            accounted = True
             continue
         affirmed = _polarity(norm, m, anchor)
         trace.append(
@@ -836,7 +908,10 @@ _FRAME = re.compile(
     r"what (?:differs|matters|changes) is|it'?\s?s (?:all |)(?:about|a [a-z ]{0,30}(?:choice|"
     r"trade ?off|trade|deal|exchange))|it is (?:all |)(?:about|a [a-z ]{0,30}(?:choice|trade ?off|"
     r"trade|deal|exchange))|think of|(?:区别|差别|不同|关键|核心|重点)(?:就|)(?:在于|是)|(?:本质上|"
-    r"其实|说白了|简单说)(?:就|)是)"
+    r"其实|说白了|简单说)(?:就|)是"
+    # what the answer depends on: "it depends on the batch", "看每张卡上的 batch 大不大"
+    r"|(?:it |that |this |)(?:all |)depends on|取决于"
+    r"|(?:这|)(?:主要|)(?:要|得|就|)看(?!到|见|出|起来))"
 )
 _ELLIPSIS = re.compile(
     r"^(?:(?:but |while |whereas |and |)(.+?) (?:does not|doesn'?\s?t|do not|don'?\s?t|"
@@ -858,8 +933,18 @@ def _ellipsis(clause: str, subjects: dict) -> bool:
         return False
     named = subject_mentions(clause, subjects)
     head = (m.group(1) or m.group(2) or "").strip()
-    return bool(named) and named[0].start <= 8 and word_count(head) <= 4
+    # the subject may be two of them: "ZeRO-1 和 ZeRO-2 都没有", "DDP and FSDP1 do not"
+    rest = head
+    for mention in named:
+        rest = rest.replace(clause[mention.start : mention.end], " ")
+    listed = re.fullmatch(
+        r"[\s,、\d]*(?:(?:and|or|和|与|及|以及|或)[\s,、\d]*)*(?:都|both|)\s*", rest
+    )
+    return bool(named) and named[0].start <= 8 and (word_count(head) <= 4 or bool(listed))
 
+
+# the words before ", which ..." that the relative clause may be about ("gives each process RANK")
+_RELATIVE_TAIL = 3
 
 _CF_CLAUSE = re.compile(
     r"^(?:without (?:it|this|that|them|syncing|sync|synchroni[sz]ing)|otherwise|if not|else|不然|"
@@ -892,6 +977,7 @@ def read_answer(text: str, secret: dict) -> Reading:
                 reading.misconceptions.append((key[0], message, quote))
 
     inherited, prev_inherited, unread, read_sentences = None, None, [], set()
+    last_stated = []  # (claim, form, form index, subject) the last clause that stated one stated
     # a sentence of remedies ("Fixes: a broadcast before wrapping", "修法就是 ...") says what to do,
     # not what the subjects named before it do
     remedies = {s for s, sent in enumerate(sentence_text) if _REMEDY.match(normalise(sent))}
@@ -901,6 +987,7 @@ def read_answer(text: str, secret: dict) -> Reading:
     otherwise = {
         s for s, sent in enumerate(sentence_text) if _COUNTERFACTUAL.match(normalise(sent))
     }
+    headings = {s for s, sent in enumerate(sentence_text) if re.search(r"[:：]\s*$", sent)}
     for i, c in enumerate(all_clauses):
         reading.clauses += 1
         verb = c.sentence in stated
@@ -921,9 +1008,22 @@ def read_answer(text: str, secret: dict) -> Reading:
         # alternative)
         cf = _CF_CLAUSE.match(c.norm)
         norm = c.norm[cf.end() :] if cf else c.norm
+        stated_here = []
         events, accounted = _read_clause(
-            norm, secret, subjects, owners, clause_inherited, reading.trace
+            norm, secret, subjects, owners, clause_inherited, reading.trace, stated_here
         )
+        prev = all_clauses[i - 1] if i else None
+        if c.opener in ("which", "who") and prev is not None and prev.sentence == c.sentence:
+            # ", which is its index on the local node": a relative clause says it of the noun
+            # right before it ("RANK"); read the two together, keep what needs both
+            tail = " ".join(prev.norm.split()[-_RELATIVE_TAIL:])
+            joined, _ = _read_clause(
+                f"{tail} {norm}", secret, subjects, owners, clause_inherited, reading.trace
+            )
+            alone, _ = _read_clause(tail, secret, subjects, owners, clause_inherited, [])
+            extra = [e for e in joined if e not in alone and e not in events]
+            events += extra
+            accounted = accounted or bool(extra)
         if not accounted and (
             _framing(sentence_text[c.sentence], subjects) or _ellipsis(c.norm, subjects)
         ):
@@ -933,11 +1033,33 @@ def read_answer(text: str, secret: dict) -> Reading:
             # nothing.
             reading.trace.append(f"[{c.norm}] a frame or an elliptic denial: read, credits nothing")
             accounted = True
-        prev = all_clauses[i - 1] if i else None
+            named = [m.name for m in subject_mentions(c.norm, subjects) if not m.comparand]
+            if named and _ellipsis(c.norm, subjects) and prev is not None:
+                # "..., SHARD_GRAD_OP does not" denies the statement before it of its rival: fine;
+                # denied of the very subject it was stated of ("这份主副本只有 ZeRO-3 才有，
+                # ZeRO-1 和 ZeRO-2 都没有") it says that subject does not do what it does
+                for claim, form, f_index, subject in last_stated:
+                    if form.get("subject") and subject == form["subject"] == named[0]:
+                        reading.trace.append(
+                            f"[{c.norm}] elliptic denial of {claim['id']} of its own subject "
+                            f"{subject} -> MISCONCEPTION"
+                        )
+                        events.append(("wrong", (claim["id"], f_index, "wrong"), form["wrong"]))
         if not accounted and prev is not None and prev.sentence == c.sentence and c.after_comma:
             # a statement split by a comma ("FULL_SHARD 在前向之后，会释放参数"): read the two
             # together
-            joined = f"{prev.norm} {c.norm}"
+            # an enumeration joined by 、 is one statement ("两者平时都是参数、梯度、优化器状态
+            # 全分片"): read from the clause before its first item
+            start = i - 1
+            while (
+                start > 0
+                and c.opener == "、"
+                and all_clauses[start].opener == "、"
+                and (all_clauses[start - 1].sentence == c.sentence)
+            ):
+                start -= 1
+            before_items = " ".join(x.norm for x in all_clauses[start:i])
+            joined = f"{before_items} {c.norm}"
             events, _ = _read_clause(
                 joined, secret, subjects, owners, prev_inherited, reading.trace
             )
@@ -947,7 +1069,7 @@ def read_answer(text: str, secret: dict) -> Reading:
             # only what needs both halves reads this clause: a phrasing the clause before states on
             # its own ("..., and MASTER_ADDR for the rendezvous, and it also copies the model") is
             # no evidence for what this clause says
-            alone, _ = _read_clause(prev.norm, secret, subjects, owners, prev_inherited, [])
+            alone, _ = _read_clause(before_items, secret, subjects, owners, prev_inherited, [])
             events = [e for e in events if e not in alone]
             accounted = bool(events)
             apply(events, f"{prev.text}, {c.text}")
@@ -962,9 +1084,11 @@ def read_answer(text: str, secret: dict) -> Reading:
             events = [e for e in events if e[0] != "wrong"]
             accounted = bool(events)
             apply(events, f"{before.text} … {c.text}")
-        elif (
-            c.sentence in otherwise or cf
-        ):  # a misconception entry is false whatever the sentence is about
+        elif c.sentence in otherwise or cf or c.sentence in remedies:
+            # a sentence of remedies says what to do ("or sync_module_states=True in classic
+            # FSDP", "换个 world size 也能加载" after "正确做法是用 DCP"), not what the subjects do
+            # by default: what it states is credited, a form read the other way round is no
+            # misconception; a misconception entry is false whatever the sentence is about
             apply([e for e in events if e[0] != "wrong" or e[1][1] == -1], c.text)
         else:
             apply(events, c.text)
@@ -972,10 +1096,19 @@ def read_answer(text: str, secret: dict) -> Reading:
         reading.topical += topical
         if accounted:
             read_sentences.add(c.sentence)
+        elif c.sentence in otherwise or cf or c.sentence in headings:
+            # what the alternative would do ("Without an auto-wrap policy the root unit is the
+            # whole model", "不用 no_sync() 时，每个 micro-batch 都会 reduce-scatter") describes the
+            # thing the question contrasts with, and a heading ("按 block 包的原因：") states
+            # nothing: read, credited with nothing (a misconception entry in it is still false)
+            reading.trace.append(f"[{c.norm}] about the alternative, or a heading: read")
+            read_sentences.add(c.sentence)
         elif topical and carries_verb(c.norm):
             reading.trace.append(f"[{c.norm}] about the topic, but nothing the question knows")
             if c.sentence not in unread:
                 unread.append(c.sentence)
+        if stated_here:
+            last_stated = stated_here
         named = [m for m in subject_mentions(c.norm, subjects) if not m.comparand]
         prev_inherited = clause_inherited
         if named:

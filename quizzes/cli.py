@@ -32,8 +32,9 @@ examples:
   python -m quizzes unseal lesson1 > /tmp/l1.json # authoring: edit, then
   python -m quizzes seal /tmp/l1.json             # writes quizzes/banks/lesson1.json
   python -m quizzes explain lesson1 q_full_vs_shard_grad_op "FULL_SHARD frees ..."
-  python -m quizzes corpus tests/data/quiz_corpus/lesson1.json
+  python -m quizzes corpus quizzes/labelled_answers/lesson1.json
   python -m quizzes report                        open-answer grader: tuning corpus, held-out set
+  python -m quizzes report quizzes/labelled_answers --source "heldout round 2" --source none
 
 answers file for `grade` (JSON):
   {"lesson": "lesson1", "lang": "en",
@@ -98,7 +99,20 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="*",
         metavar="CORPUS_DIR",
         help="folders (or files) of labelled answers, each reported on its own "
-        "(default: tests/data/quiz_corpus and tests/data/quiz_heldout)",
+        "(default: quizzes/labelled_answers and tests/data/quiz_heldout)",
+    )
+    r.add_argument(
+        "--cross-validate",
+        action="store_true",
+        help="grade each group of answers (its 'source': one writer or round) with second-reading "
+        "classifiers trained without it, and report the groups together and apart",
+    )
+    r.add_argument(
+        "--source",
+        action="append",
+        metavar="SOURCE",
+        help="only the answers whose 'source' is SOURCE, each source reported on its own "
+        "(repeatable; 'none': the answers without a source)",
     )
     return p
 
@@ -465,7 +479,7 @@ def cmd_corpus(args) -> int:
     return 0 if ok else 1
 
 
-REPORT_SETS = ("tests/data/quiz_corpus", "tests/data/quiz_heldout")
+REPORT_SETS = ("quizzes/labelled_answers", "tests/data/quiz_heldout")
 
 
 def cmd_report(args) -> int:
@@ -476,9 +490,27 @@ def cmd_report(args) -> int:
         raise QuizError("no labelled answer sets found: name a folder of corpus files")
     ok = True
     for s in sets:
-        text, met = corpus.report(corpus.grade_corpus([s]), s)
-        print(text + "\n")
-        ok &= met
+        if args.cross_validate:
+            graded = corpus.cross_validated([s])
+            title = f"{s}, each source graded by a second reading trained without it"
+        else:
+            graded, title = corpus.grade_corpus([s]), s
+        parts = [(title, graded)]
+        if args.source:
+            parts = [
+                (f"{title}, source {src!r}", corpus.of_source(graded, src)) for src in args.source
+            ]
+        for title, part in parts:
+            if not part:
+                raise QuizError(f"{title}: no answers")
+            text, met = corpus.report(part, title)
+            print(text + "\n")
+            ok &= met
+        if args.cross_validate:
+            for group in sorted({corpus.source(g.item) for g in graded}):
+                part = corpus.of_source(graded, group)
+                print(f"  {group:40} {len(part):>4} answers  {corpus.targets_line(part)}")
+            print()
     return 0 if ok else 1
 
 

@@ -13,6 +13,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import reader
 from .bank import QuizError, load_bank
 from .grading import VERDICTS, grade_question
 
@@ -105,6 +106,42 @@ def grade_corpus(paths) -> list:
     return out
 
 
+def source(item: dict) -> str:
+    """Who wrote an answer, and when (its ``source`` field): one group of cross-validation."""
+    return item.get("source") or "none"
+
+
+def cross_validated(paths) -> list:
+    """Grade every answer with second-reading classifiers trained without its group (its
+    ``source``): how the grader does on a writer it has not been trained on."""
+    loaded = [read_corpus(path) for path in corpus_files(paths)]
+    everything: dict = {}
+    for data in loaded:
+        for qid, items in data["questions"].items():
+            everything.setdefault((data["lesson"], qid), []).extend(items)
+    groups = sorted({source(i) for items in everything.values() for i in items})
+    out = []
+    for group in groups:
+        others = {
+            qid: [i for i in items if source(i) != group] for qid, items in everything.items()
+        }
+        with reader.trained_on(others):
+            for data in loaded:
+                bank = load_bank(data["lesson"])
+                for qid, items in data["questions"].items():
+                    q = bank.question(qid)
+                    for item in items:
+                        if source(item) == group:
+                            result = grade_question(q, item["answer"], item["lang"])
+                            out.append(Graded(bank.lesson, qid, item, result))
+    return out
+
+
+def of_source(graded: list, name: str) -> list:
+    """The graded answers whose item's `source` is `name` ('none': those without one)."""
+    return [g for g in graded if source(g.item) == name]
+
+
 @dataclass
 class Matrix:
     """label x verdict counts."""
@@ -151,6 +188,20 @@ def targets(matrix: Matrix) -> list:
         r = matrix.rate(label, verdict)
         out.append((name, r, bound, how, r <= bound if how == "max" else r >= bound))
     return out
+
+
+def targets_line(graded: list) -> str:
+    """The four targets' measured rates in one line: 'w->c 0.0%  r->w 1.2%  ...'."""
+    short = {
+        "wrong graded correct": "w->c",
+        "right graded wrong": "r->w",
+        "right graded unsure": "r->u",
+        "wrong graded wrong": "w->w",
+    }
+    return "  ".join(
+        f"{short[name]} {100 * r:4.1f}%{'' if passed else '!'}"
+        for name, r, _, _, passed in targets(matrices(graded)["all"])
+    )
 
 
 def report(graded: list, title: str) -> tuple:

@@ -10,7 +10,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, InvalidOperation, localcontext
 
-from . import claims
+from . import claims, reader
 from .bank import Question, QuizError, load_bank
 from .i18n import AnswerError, check_lang, msg
 
@@ -286,6 +286,11 @@ def open_verdict(reading, secret: dict, short: bool) -> tuple:
     return "wrong", "off_topic"
 
 
+# The rules' verdicts the second reading (reader.py) may withhold: a keyword list or an answer
+# too short to state anything is wrong however much it sounds like the right answers.
+DOUBTABLE = ("complete", "misconception", "partial", "off_topic")
+
+
 def _grade_open(q: Question, answer, lang: str) -> Result:
     if not isinstance(answer, str):
         raise AnswerError("open_type", qid=q.id, kind=type(answer).__name__)
@@ -295,9 +300,17 @@ def _grade_open(q: Question, answer, lang: str) -> Result:
     reading = claims.read_answer(answer, s)
     keys = key_ideas(s)
     found = [c for c in s["claims"] if c["id"] in reading.supported]
-    missing = [k for k in keys if not any(c in reading.supported for c in k["claims"])]
+    # what the learner is told was found and missed, and the checklist they mark, are key ideas
+    # (two claims of one key idea are one idea found; a supporting claim is in no key idea)
+    met_ideas = [k for k in keys if any(c in reading.supported for c in k["claims"])]
+    missing = [k for k in keys if k not in met_ideas]
     short = too_short(answer)
     verdict, reason = open_verdict(reading, s, short)
+    second = None
+    if reason in DOUBTABLE:
+        second = reader.p_right(q.lesson, q.id, answer)
+        if reader.second_opinion(verdict, second):
+            verdict, reason = "unsure", f"doubted_{verdict}"
     met = len(keys) - len(missing)
     score = (
         1.0
@@ -314,7 +327,7 @@ def _grade_open(q: Question, answer, lang: str) -> Result:
     lines = [msg(f"open_{reason}", lang)]
     for f in false:
         lines.append(msg("you_wrote", lang, quote=f["quote"], fix=f["fix"].rstrip(".。")))
-    lines += [msg("found", lang)] + bullets(c["label"][lang] for c in found)
+    lines += [msg("found", lang)] + bullets(k["label"][lang] for k in met_ideas)
     lines += [msg("missing" if verdict != "unsure" else "not_found", lang)] + bullets(
         c["label"][lang] for c in missing
     )
@@ -328,7 +341,8 @@ def _grade_open(q: Question, answer, lang: str) -> Result:
     details = {
         "found": [c["id"] for c in found],
         "missing": [k["id"] for k in missing],
-        "found_labels": [c["label"][lang] for c in found],
+        "found_ideas": [k["id"] for k in met_ideas],
+        "found_labels": [k["label"][lang] for k in met_ideas],
         "missing_labels": [c["label"][lang] for c in missing],
         "unread": list(reading.unread),
         "false": [{"quote": f["quote"], "fix": f["fix"]} for f in false],
@@ -338,6 +352,7 @@ def _grade_open(q: Question, answer, lang: str) -> Result:
         "statement": reading.stated_sentences > 0,
         "misconceptions": [f["id"] for f in false],
         "reason": reason,
+        "second_reading": None if second is None else round(second, 3),
     }
     return Result(verdict == "correct", score, "\n".join(lines), details, verdict=verdict)
 

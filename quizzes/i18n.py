@@ -45,6 +45,17 @@ MESSAGES = {
         "en": "Unsure: the grader could not read your whole answer, so it gives no verdict.",
         "zh": "无法判定：评分程序没能读懂你的全部回答，因此不下结论。",
     },
+    "open_doubted_correct": {
+        "en": "Unsure: the grader found every key idea, but your answer as a whole does not read "
+        "like the right answers to this question, so it gives no verdict.",
+        "zh": "无法判定：评分程序找到了每个要点，但整体读起来不像这道题的正确回答，因此不下结论。",
+    },
+    "open_doubted_wrong": {
+        "en": "Unsure: the grader's rules object to your answer (below), but as a whole it reads "
+        "like the right answers to this question, so it gives no verdict.",
+        "zh": "无法判定：评分规则对你的回答有异议（见下），"
+        "但整体读起来像这道题的正确回答，因此不下结论。",
+    },
     "you_wrote": {
         "en": "You wrote: «{quote}» — in fact {fix}.",
         "zh": "你写道：「{quote}」——实际上{fix}。",
@@ -97,6 +108,20 @@ MESSAGES = {
     "badge_unsure": {"en": "Not sure: compare it yourself", "zh": "无法确定：请自己对照"},
     "badge_self_correct": {"en": "You marked it right", "zh": "你判定为正确"},
     "badge_self_wrong": {"en": "You marked it not right", "zh": "你判定为不正确"},
+    "unsure_why_doubted_correct": {
+        "en": "The grader found every key idea, but your answer as a whole does not read like the "
+        "right answers to this question, so it does not say right or wrong. Compare your answer "
+        "with the key ideas and the reference answer, then mark it.",
+        "zh": "评分器找到了每个要点，但整体读起来不像这道题的正确回答，所以不判对错。"
+        "请对照要点和参考答案，再自己判定。",
+    },
+    "unsure_why_doubted_wrong": {
+        "en": "The grader's rules object to your answer (below), but as a whole it reads like the "
+        "right answers to this question, so it does not say right or wrong. Compare your answer "
+        "with the key ideas and the reference answer, then mark it.",
+        "zh": "评分规则对你的回答有异议（见下），但整体读起来像这道题的正确回答，所以不判对错。"
+        "请对照要点和参考答案，再自己判定。",
+    },
     "unsure_why": {
         "en": "The grader could not read all of your answer, so it does not say right or wrong. "
         "Compare your answer with the key ideas and the reference answer, then mark it.",

@@ -69,6 +69,14 @@ def badge_text(kind: str, lang: str) -> str:
     return f"{icon} {msg(key, lang)}"
 
 
+# Why the grader gives no verdict, by the result's reason (grading.py): it could not read a
+# sentence, or its second reading (reader.py) disagreed with the rules.
+_UNSURE_WHY = {
+    "doubted_correct": "unsure_why_doubted_correct",
+    "doubted_wrong": "unsure_why_doubted_wrong",
+}
+
+
 def unsure_parts(result, lang: str) -> dict:
     """The parts of an unsure result, from its details (grading's contract), with defaults so a
     result without some of them still shows."""
@@ -78,7 +86,10 @@ def unsure_parts(result, lang: str) -> dict:
     missing = list(
         d["missing_labels"] if "missing_labels" in d else [x for x in checklist if x not in found]
     )
+    if checklist:  # found and missing in the checklist's unit, the key ideas, in its order
+        found = [x for x in checklist if x not in missing]
     return {
+        "why": msg(_UNSURE_WHY.get(d.get("reason"), "unsure_why"), lang),
         "found": found,
         "missing": missing,
         "unread": list(d.get("unread") or []),
@@ -91,7 +102,7 @@ def unsure_parts(result, lang: str) -> dict:
 def unsure_text(result, lang: str) -> str:
     """The unsure result as plain text (terminal)."""
     p = unsure_parts(result, lang)
-    lines = [msg("unsure_why", lang)]
+    lines = [p["why"]]
     if p["false"]:
         lines.append(msg("false_head", lang))
         lines += [

@@ -287,7 +287,7 @@ class QuestionBox:
         kind = present.look(result)
         if result.verdict == "unsure":
             parts = present.unsure_parts(result, lang)
-            inner = [_badge(kind, lang), _text(msg("unsure_why", lang))]
+            inner = [_badge(kind, lang), _text(parts["why"])]
             if parts["false"]:
                 inner.append(
                     f"<div style='margin-top:6px'><b>{_esc(msg('false_head', lang))}</b></div>"

@@ -832,7 +832,7 @@ def test_open_answer_right_and_wrong(check_page, lab):
         expect(check).to_be_hidden()
         box.screenshot(path=str(shots_dir(lab) / f"open_wrong_{lang}.png"))
     # And one the real grader is unsure of (from the labelled corpus; none is a skip, said).
-    corpus = json.loads((REPO_ROOT / "tests" / "data" / "quiz_corpus" / "lesson1.json").read_text())
+    corpus = json.loads((REPO_ROOT / "quizzes" / "labelled_answers" / "lesson1.json").read_text())
     unsure = [
         (a["answer"], r)
         for a in corpus["questions"][q.id]

@@ -11,10 +11,18 @@ import pytest
 
 import quizzes
 from quizzes import bank as bankmod
-from quizzes import claims
+from quizzes import claims, reader
 from quizzes.bank import QuizError
 
 A, B = "FULL_SHARD", "SHARD_GRAD_OP"
+
+
+@pytest.fixture(autouse=True)
+def rules_only():
+    """These tests are about the rules (claims.py): the second reading (reader.py, tested in
+    tests/test_reader.py) is off, so a verdict here is the rules' own."""
+    with reader.trained_on({}):
+        yield
 
 
 def _bi(en, zh):
@@ -302,6 +310,64 @@ def test_every_key_idea_is_needed(demo_bank):
     assert "Key ideas missing:\n- B uses more memory" in half.feedback
 
 
+def test_found_missing_and_checklist_are_key_ideas(demo_bank, monkeypatch, tmp_path):
+    """An unsure result names what was found and missed in the checklist's unit, the key idea:
+    two claims of one key idea are one idea found, a supporting claim (in no key idea) is not
+    listed, and found + missing is the checklist, in its order, in the feedback too."""
+    from quizzes import present
+
+    secret = copy.deepcopy(DEMO)
+    secret["claims"].append(
+        {
+            "id": "keeps",
+            "label": _bi("B keeps params", "B 保留参数"),
+            "forms": [
+                {
+                    "subject": B,
+                    "rival": A,
+                    "says": _bi(["(keep*|kept|hold*) ... (param*|them)"], ["保留"]),
+                    "wrong": _bi("B does keep them", "B 确实保留"),
+                    "swapped": _bi("it is B that keeps them", "保留的是 B"),
+                }
+            ],
+        }
+    )
+    when = _bi("when the parameters are freed", "参数何时释放")
+    secret["key_ideas"][0] = {"id": "when", "label": when, "claims": ["frees", "keeps"]}
+    authoring = {
+        "lesson": "lessonkeys",
+        "title": _bi("Demo", "演示"),
+        "questions": [
+            {
+                "id": "q_open",
+                "type": "open",
+                "prompt": _bi("Difference?", "区别？"),
+                "secret": secret,
+            }
+        ],
+    }
+    folder = tmp_path / "keybanks"
+    folder.mkdir()
+    (folder / "lessonkeys.json").write_text(bankmod.dump_bank(bankmod.from_authoring(authoring)))
+    monkeypatch.setenv(bankmod.BANK_PATH_ENV, str(folder))
+    text = (
+        "FULL_SHARD frees the parameters after forward, while SHARD_GRAD_OP keeps them, and no "
+        "rank holds the full model. The parameters are also compressed on the model's way to disk."
+    )
+    for lang, label in (("en", when["en"]), ("zh", when["zh"])):
+        r = quizzes.grade("lessonkeys", "q_open", text, lang)
+        assert r.verdict == "unsure" and {"frees", "keeps", "fit"} <= set(r.details["found"])
+        assert r.details["found_ideas"] == ["when"] and r.details["found_labels"] == [label]
+        assert r.details["missing_labels"] == [secret["key_ideas"][1]["label"][lang]]
+        parts = present.unsure_parts(r, lang)
+        assert parts["found"] + parts["missing"] == parts["checklist"] == r.details["checklist"]
+        head = "Key ideas found:" if lang == "en" else "已答到的要点："
+        assert f"{head}\n- {label}\n" in r.feedback
+        assert f"- {label}" in present.unsure_text(r, lang)
+        claim_label = secret["claims"][0]["label"][lang]
+        assert claim_label not in r.feedback and claim_label not in present.unsure_text(r, lang)
+
+
 def test_an_unread_sentence_makes_it_unsure(demo_bank):
     text = (
         "FULL_SHARD frees the parameters after forward; SHARD_GRAD_OP uses more memory. "
@@ -556,21 +622,37 @@ def test_cli_report_on_a_folder(demo_bank, tmp_path, capsys):
         json.dumps({"lesson": demo_bank, "questions": {"q_open": items}})
     )
     assert cli.main(["report", str(folder)]) == 1 and "FAIL" in capsys.readouterr().out
+    items[1]["source"] = "round 9"  # --source: each part on its own; 'none' has no source
+    (folder / f"{demo_bank}.json").write_text(
+        json.dumps({"lesson": demo_bank, "questions": {"q_open": items}})
+    )
+    cli.main(["report", str(folder), "--source", "none", "--source", "round 9"])
+    none, round9 = capsys.readouterr().out.split("source 'round 9'")
+    assert "source 'none': 1 answers" in none and re.search(
+        r"correct \(all\)\s+1\s+0\s+0\s+1", none
+    )
+    assert round9.startswith(": 1 answers") and re.search(
+        r"correct \(all\)\s+0\s+1\s+0\s+1", round9
+    )
+    assert cli.main(["report", str(folder), "--source", "round 8"]) == 2
+    assert "no answers" in capsys.readouterr().err
     assert cli.main(["report", str(tmp_path / "nope")]) == 2
     assert "not found" in capsys.readouterr().err
 
 
 def test_language_libraries_load_lazily_and_quietly():
-    """import quizzes pulls in neither torch nor the language libraries; the first Chinese answer
-    loads jieba without a word on stderr."""
+    """import quizzes pulls in neither torch nor the language libraries nor scikit-learn; the first
+    Chinese answer loads jieba and the second reading without a word on stderr."""
     import subprocess
     import sys
 
     code = (
-        "import sys, quizzes; assert not {'torch', 'jieba', 'lemminflect'} & set(sys.modules), "
-        "sys.modules.keys(); r = quizzes.grade('lesson1', 'q_full_vs_shard_grad_op', 'FULL_SHARD "
-        "在前向之后释放参数，SHARD_GRAD_OP 保留到反向，所以显存更多。', 'zh'); assert 'jieba' in "
-        "sys.modules and r.verdict == 'correct', r.details"
+        "import sys, quizzes; assert not {'torch', 'jieba', 'lemminflect', 'sklearn'} & "
+        "set(sys.modules), sys.modules.keys(); r = quizzes.grade('lesson1', "
+        "'q_full_vs_shard_grad_op', 'FULL_SHARD 在前向之后释放参数，"
+        "SHARD_GRAD_OP 保留到反向，所以显存更多。', 'zh'); "
+        "assert {'jieba', 'sklearn'} <= set(sys.modules), 'not loaded'; "
+        "assert r.details['reason'] in ('complete', 'doubted_correct'), r.details"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
@@ -908,3 +990,395 @@ def test_a_clause_about_the_alternative_denies_nothing():
         "micro-batch's mean and variance, not the global batch's, so the outputs differ.",
     )
     assert r.verdict == "correct", r.feedback
+
+
+# --- mechanisms that read a true sentence as false (held-out round 2) --------------------------
+
+
+@pytest.mark.parametrize(
+    "lesson,qid,lang,text",
+    [
+        # a trade's turn: what is paid is not what is saved ('...' does not cross it)
+        (
+            "lesson1",
+            "q_full_vs_shard_grad_op",
+            "en",
+            "FULL_SHARD frees the gathered parameters after forward and all-gathers them again in "
+            "backward; SHARD_GRAD_OP keeps them until backward, saving the second all-gather at "
+            "the expense of memory.",
+        ),
+        # a role: what the shards are, not a copy they have
+        (
+            "lesson9",
+            "q_master_copy_why",
+            "en",
+            "ZeRO-3 keeps a separate fp32 master copy of its partition even in fp32 training. "
+            "FSDP2 steps the parameter shards in place and needs no copy: the fp32 shards serve "
+            "as the master weights.",
+        ),
+        # a remedy says what to do, not what the subject does by default
+        (
+            "lesson6",
+            "q_ddp_hides_init",
+            "en",
+            "DDP broadcasts rank 0's parameters and buffers when it is constructed, so the ranks' "
+            "different inits never show. FSDP does not broadcast: each rank keeps the shard of its "
+            "own init. The fix: one seed everywhere, or sync_module_states=True in FSDP.",
+        ),
+        # a verb that undoes its object, denied: the own init is kept
+        (
+            "lesson6",
+            "q_ddp_hides_init",
+            "zh",
+            "DDP 构造时会把 rank 0 的参数广播给所有 rank。FSDP 默认不广播，"
+            "没有任何东西覆盖每个 rank 自己的初始化，每个 rank 保留的是自己那份初始化的分片。",
+        ),
+    ],
+)
+def test_true_sentences_are_not_read_as_false(lesson, qid, lang, text):
+    r = quizzes.grade(lesson, qid, text, lang)
+    assert r.verdict != "wrong" and not r.details["misconceptions"], (r.details, r.feedback)
+
+
+@pytest.mark.parametrize(
+    "lesson,qid,lang,text",
+    [
+        (
+            "lesson1",
+            "q_full_vs_shard_grad_op",
+            "en",
+            "SHARD_GRAD_OP frees the parameters after forward to save memory, at the cost of a "
+            "second all-gather in backward.",
+        ),
+        (
+            "lesson6",
+            "q_ddp_hides_init",
+            "en",
+            "DDP overwrites every rank's own init with rank 0's when it is built; FSDP also "
+            "overwrites each rank's own init.",
+        ),
+    ],
+)
+def test_the_same_mechanisms_still_catch_the_false_way_round(lesson, qid, lang, text):
+    r = quizzes.grade(lesson, qid, text, lang)
+    assert r.verdict == "wrong" and r.details["misconceptions"], (r.details, r.feedback)
+
+
+@pytest.mark.parametrize(
+    "text,is_list",
+    [
+        # a long list with one item that could be read as a verb phrase is still a list
+        ("sharding, prefetching, gathered params, memory, backward, forward, communication", True),
+        # ... or an item of spaced terms
+        ("分片、all-gather、集合通信、rank 0、检查点、DCP 元数据 FULL_STATE_DICT 优化器状态", True),
+        # a statement with commas is not
+        (
+            "FULL_SHARD frees the parameters, SHARD_GRAD_OP keeps them, so it uses more memory",
+            False,
+        ),
+        ("它为每个 GPU 启动一个进程，并设置 RANK、LOCAL_RANK、WORLD_SIZE 这些环境变量", False),
+    ],
+)
+def test_keyword_lists_with_a_stray_item(text, is_list):
+    assert claims.keyword_list(text) is is_list
+
+
+@pytest.mark.parametrize(
+    "lang,text",
+    [
+        (
+            "en",
+            "Each block is gathered just before it computes and freed right after, so the peak of "
+            "full parameters is about one block, not the whole model, and the next block's "
+            "all-gather is prefetched while the current one computes. Without a wrap policy, the "
+            "root unit holds every parameter and they are all gathered together.",
+        ),
+        (
+            "zh",
+            "按 block 包以后，每个 block 算之前才 all-gather，算完马上释放，峰值只有大约一个 block "
+            "的参数，而不是整个模型；下一个 block 的 all-gather 还能和当前 block 的计算重叠。"
+            "不按 block 包的话，root 就是整个模型，前向一开始所有参数一起 gather 进来。",
+        ),
+        (
+            "zh",
+            "按 block 包的好处：\n每个 block 算之前才 all-gather，算完马上释放，"
+            "峰值只有大约一个 block 的参数，而不是整个模型；"
+            "下一个 block 的 all-gather 还能和当前 block 的计算重叠。",
+        ),
+    ],
+)
+def test_what_the_alternative_does_and_a_heading_are_read(lang, text):
+    """A sentence about the alternative ('Without a wrap policy ...', '不按 block 包的话 ...')
+    and a heading ('...的好处：') leave nothing unread: they credit nothing either."""
+    r = quizzes.grade("lesson2", "q_why_wrap_per_block", text, lang)
+    assert r.verdict == "correct" and not r.details["unread"], r.details
+
+
+def test_a_comparison_stated_of_its_rival_is_a_swap():
+    """A restriction true of one subject (a plain sharded save loads only at the same world size)
+    stated of its rival (DCP) is caught and quoted."""
+    r = quizzes.grade(
+        "lesson4",
+        "q_why_not_torch_save",
+        "Each rank holds only its shard of the parameters and optimizer state, so a full state "
+        "dict needs an all-gather every rank joins and the whole model in one rank's memory. But "
+        "a checkpoint written with DCP can still only be read back at the same world size.",
+    )
+    assert r.verdict == "wrong" and "You wrote: «But a checkpoint written with DCP" in r.feedback
+
+
+def test_a_relative_clause_is_read_with_the_noun_it_describes():
+    """', which is ...' says it of the noun right before it: RANK and LOCAL_RANK swapped inside
+    relative clauses is caught and quoted; the right way round is not."""
+    swapped = quizzes.grade(
+        "lesson0",
+        "q_torchrun_setup",
+        "It launches one worker per GPU and watches them, restarting on failure, and it exports "
+        "LOCAL_RANK, which is the global index across all nodes, and WORLD_SIZE and MASTER_ADDR "
+        "so the workers can meet.",
+    )
+    assert (
+        swapped.verdict == "wrong"
+        and "rank_local_rank_swapped" in swapped.details["misconceptions"]
+    )
+    right = quizzes.grade(
+        "lesson0",
+        "q_torchrun_setup",
+        "It launches one worker per GPU and watches them, restarting on failure, and it exports "
+        "RANK, which is the global index across all nodes, and WORLD_SIZE and MASTER_ADDR so the "
+        "workers can meet.",
+    )
+    assert right.verdict != "wrong" and not right.details["misconceptions"], right.details
+
+
+def test_connectives_split_clauses_but_not_the_words_they_are_part_of():
+    parts = [
+        c
+        for _, c in claims.split_clauses(
+            "按 block 包之后反而更快，而且显存更少；前者释放而后者保留"
+        )
+    ]
+    assert parts == ["按 block 包之后反而更快", "而且显存更少", "前者释放", "后者保留"]
+
+
+def test_a_negative_object_denies_the_verb():
+    """'FSDP frees nothing until the end of backward' denies that it frees."""
+    r = quizzes.grade(
+        "lesson2",
+        "q_why_wrap_per_block",
+        "With per-block units FSDP gathers one block at a time, but it frees nothing until the end "
+        "of backward, so the whole model's parameters are in memory at the peak anyway.",
+    )
+    assert r.verdict == "wrong" and r.details["misconceptions"], r.details
+
+
+@pytest.mark.parametrize(
+    "tail,false",
+    [
+        ("Only ZeRO-3 keeps a separate master copy, ZeRO-1 and ZeRO-2 do not.", True),
+        ("ZeRO-3 keeps a separate master copy, FSDP2 does not.", False),
+    ],
+)
+def test_an_elliptic_denial_of_the_subject_the_statement_was_about_is_false(tail, false):
+    """'X does it, Y does not' is fine of the rival; denied of the same subject ('ZeRO-1 and
+    ZeRO-2 do not', the bank's one ZeRO) it contradicts what is true of that subject."""
+    r = quizzes.grade(
+        "lesson9",
+        "q_master_copy_why",
+        "ZeRO-3 keeps a separate fp32 master copy of its partition even in fp32, 4P/N more bytes "
+        "per rank; FSDP2's AdamW steps the parameter shards in place, so it needs no copy. " + tail,
+    )
+    assert (r.verdict == "wrong" and bool(r.details["misconceptions"])) is false, r.details
+
+
+@pytest.mark.parametrize(
+    "lang,text,false",
+    [
+        (
+            "en",
+            "Each block is gathered, used and freed in turn, so about one block is unsharded at a "
+            "time. Finer wrapping would be faster still, so wrap every Linear.",
+            True,
+        ),
+        (
+            "en",
+            "Each block is gathered, used and freed in turn, so about one block is unsharded at a "
+            "time. Finer wrapping would not be faster: many tiny all-gathers, each paying latency.",
+            False,
+        ),
+        (
+            "zh",
+            "不包的话 FSDP 也是一个 block 一个 block 地 gather，按 block 包以后反而所有 block 一起 "
+            "all-gather。",
+            True,
+        ),
+    ],
+)
+def test_granularity_and_policy_swaps_are_caught(lang, text, false):
+    r = quizzes.grade("lesson2", "q_why_wrap_per_block", text, lang)
+    assert bool(r.details["misconceptions"]) is false, r.details
+
+
+@pytest.mark.parametrize(
+    "lang,gain,text",
+    [
+        (
+            "en",
+            True,
+            "Until the last micro-batch, the first K-1 micro-batches do not reduce-scatter.",
+        ),
+        ("zh", True, "前 K-1 个微批都不用 reduce-scatter，到最后一个才同步。"),
+        ("zh", True, "K 次 reduce-scatter 省掉了 K-1 次。"),
+        ("en", False, "The first K-1 micro-batches reduce-scatter as usual."),
+    ],
+)
+def test_the_saving_stated_as_a_denial_is_credited(lang, gain, text):
+    """'the first K-1 micro-batches do not reduce-scatter' states the gain as skipping does; said
+    affirmatively it states nothing (no misconception either)."""
+    r = quizzes.grade("lesson3", "q_when_worth_it", text, lang)
+    assert ("gain" not in r.details["missing"]) is gain and not r.details["misconceptions"], (
+        r.details
+    )
+
+
+@pytest.mark.parametrize(
+    "lang,text",
+    [
+        (
+            "en",
+            "The all-gathers and reduce-scatters stay inside a node on NVLink, and only a small "
+            "all-reduce of the gradient shards crosses the slower network between nodes. The price "
+            "is memory: each node holds a full copy of the sharded state.",
+        ),
+        (
+            "zh",
+            "分片组的 all-gather 和 reduce-scatter 都留在节点内走 NVLink，"
+            "跨节点只有梯度分片的一次小 all-reduce。节点内带宽比节点间高得多。"
+            "代价是显存：每个节点都存一整份分片状态。",
+        ),
+    ],
+)
+def test_true_side_remarks_of_the_hsdp_answer_are_read(lang, text):
+    r = quizzes.grade("lesson8", "q_hsdp_why", text, lang)
+    assert r.verdict == "correct" and not r.details["unread"], r.details
+
+
+def test_an_enumeration_with_dun_commas_is_read_as_one_statement():
+    """'两者都把参数、梯度、优化器状态分片' is one statement (a known neutral remark of lesson 1),
+    though 、 separates its items."""
+    r = quizzes.grade(
+        "lesson1",
+        "q_full_vs_shard_grad_op",
+        "两者都把参数、梯度、优化器状态分片。FULL_SHARD 前向之后释放参数，反向再 all-gather 一次；"
+        "SHARD_GRAD_OP 保留到反向，显存更多。",
+        "zh",
+    )
+    assert r.verdict == "correct" and not r.details["unread"], r.details
+
+
+@pytest.mark.parametrize(
+    "tail,false",
+    [
+        ("Under DDP the different seeds are harmless.", False),
+        ("Under FSDP the different seeds are harmless too.", True),
+    ],
+)
+def test_a_misconception_true_of_one_subject_is_false_only_of_the_others(tail, false):
+    """lesson 6's 'harmless' is `true_of` DDP: said of DDP it is true, of FSDP it is not."""
+    r = quizzes.grade(
+        "lesson6",
+        "q_ddp_hides_init",
+        "DDP broadcasts rank 0's parameters and buffers when it is constructed. FSDP does not "
+        "broadcast: each rank keeps the shard of its own init. " + tail,
+    )
+    assert ("harmless" in r.details["misconceptions"]) is false, r.details
+
+
+@pytest.mark.parametrize(
+    "first,false",
+    [("FULL_SHARD", False), ("SHARD_GRAD_OP", True)],
+)
+def test_resharding_as_soon_as_forward_is_done_names_when(first, false):
+    r = quizzes.grade(
+        "lesson1",
+        "q_full_vs_shard_grad_op",
+        f"With {first} each unit reshards as soon as its forward is done, so backward has to "
+        "all-gather the parameters again: less memory, more communication.",
+    )
+    assert ("when_freed" not in r.details["missing"]) is not false, r.details
+    assert bool(r.details["misconceptions"]) is false, r.details
+
+
+def test_a_verb_that_undoes_reaches_only_its_own_object():
+    """'discards' denies what it discards, not a later verb of the clause ('gathers them anew')."""
+    r = quizzes.grade(
+        "lesson1",
+        "q_full_vs_shard_grad_op",
+        "FULL_SHARD discards each unit's gathered parameters once its forward ends and gathers "
+        "them anew for backward; SHARD_GRAD_OP keeps them until backward and uses more memory.",
+    )
+    assert r.verdict == "correct" and not r.details["misconceptions"], r.details
+
+
+def test_denying_a_bare_noun_phrasing_denies_nothing():
+    """'not dominated by latency' denies the latency, not the granularity trade-off it names."""
+    r = quizzes.grade(
+        "lesson2",
+        "q_why_wrap_per_block",
+        "Each block is gathered, used and freed in turn, so about one block is unsharded at a "
+        "time, not the whole model, and the next block's all-gather overlaps with the current "
+        "block's compute. Blocks are big enough that each collective is not dominated by latency.",
+    )
+    assert not r.details["misconceptions"] and r.verdict != "wrong", r.details
+
+
+@pytest.mark.parametrize(
+    "lang,text",
+    [
+        (
+            "en",
+            "When each rank only has a few samples its own batch statistics are far from the "
+            "global ones, so sync. With a large per-rank batch of the same distribution it isn't "
+            "necessary.",
+        ),
+        (
+            "zh",
+            "看每张卡上的 batch 大不大。"
+            "每个 rank 只有几个样本时，自己算的均值和方差跟全局差很多，要同步。",
+        ),
+    ],
+)
+def test_bn_sync_side_remarks_and_what_it_depends_on_are_read(lang, text):
+    r = quizzes.grade("lesson6", "q_bn_sync", text, lang)
+    assert not r.details["unread"] and r.verdict == "correct", r.details
+
+
+@pytest.mark.parametrize(
+    "lang,text,verdict",
+    [
+        (
+            "zh",
+            "torchrun 在每个节点上给每张卡起一个进程，进程挂了可以重启；"
+            "每个进程的环境变量里有 RANK、LOCAL_RANK、WORLD_SIZE 和 MASTER_ADDR。"
+            "LOCAL_RANK 是节点内的编号，用来选卡。",
+            "correct",
+        ),
+        (
+            "en",
+            "It starts one process per GPU and restarts them when one fails, and sets RANK, "
+            "LOCAL_RANK, WORLD_SIZE and MASTER_ADDR/PORT in each one's environment. That is why "
+            "init_process_group with env:// needs no arguments.",
+            "correct",
+        ),
+        (
+            "en",
+            "It starts one process per GPU and restarts them when one fails, and sets RANK, "
+            "LOCAL_RANK, WORLD_SIZE and MASTER_ADDR/PORT in each one's environment. LOCAL_RANK is "
+            "the global index across all nodes.",
+            "wrong",
+        ),
+    ],
+)
+def test_torchrun_side_remarks_are_read_and_the_swap_still_caught(lang, text, verdict):
+    r = quizzes.grade("lesson0", "q_torchrun_setup", text, lang)
+    assert r.verdict == verdict, r.details

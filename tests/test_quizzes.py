@@ -12,7 +12,7 @@ import pytest
 
 import quizzes
 from quizzes import bank as bankmod
-from quizzes import grading, progress
+from quizzes import grading, progress, reader
 from quizzes.bank import BANK_DIR, QuizError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -123,6 +123,11 @@ def test_open_answers_in_both_languages(lesson, qid):
 
 
 def test_open_rubric_normalises_text():
+    with reader.trained_on({}):  # the rules alone: the second reading is tests/test_reader.py's
+        rules_only_normalise()
+
+
+def rules_only_normalise():
     r = quizzes.grade(
         "lesson1",
         "q_full_vs_shard_grad_op",
@@ -740,8 +745,9 @@ def test_cli_unseal_then_seal_round_trip(tmp_path, quiz_progress_file):
 
 
 def test_unsure_with_every_key_idea_found_ticks_them_all(monkeypatch):
-    """Found claims are labelled by claim, the checklist by key idea: what is not found comes from
-    missing_labels, even when it is empty, never from comparing the two kinds of label."""
+    """What is not found comes from missing_labels, even when it is empty; what is found is shown
+    in the checklist's unit, the key ideas (a result whose found_labels are per claim, as the
+    grader once wrote them, still shows one key idea found, as its checklist does)."""
     from quizzes import present, widget
     from quizzes.grading import Result
 
@@ -763,6 +769,7 @@ def test_unsure_with_every_key_idea_found_ticks_them_all(monkeypatch):
         verdict="unsure",
     )
     assert present.unsure_parts(result, "en")["missing"] == []
+    assert present.unsure_parts(result, "en")["found"] == ["key idea"]
     monkeypatch.setattr(widget, "grade_question", lambda q, answer, lang="en": result)
     quiz = quizzes.show("lesson1")
     box = next(b for b in quiz.boxes if b.q.type == "open")
@@ -770,3 +777,5 @@ def test_unsure_with_every_key_idea_found_ticks_them_all(monkeypatch):
     box.button.click()
     assert [cb.value for cb in box.idea_checks] == [True] and not box.self_right.disabled
     assert "Key ideas not found:\n- (none)" in box.feedback_text
+    assert "Key ideas found:\n- key idea\n" in box.feedback_text
+    assert "claim one" not in box.feedback_text

@@ -56,7 +56,7 @@ def test_readme_lists_the_files_every_lesson_adds():
         "quizzes/banks/lessonN.json",
         "tests/test_lessonN.py",
     ]
-    assert "tests/data/quiz_corpus/lessonN.json" in optional
+    assert "quizzes/labelled_answers/lessonN.json" in optional
     assert "course_lab/exercises/lessonN.py" in optional
 
 
