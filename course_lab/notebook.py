@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from course_lab.kernel import in_notebook
 from course_lab.launches import LaunchError, declared, is_launch_name
 from fsdp_course.report import read_metrics, table
 
@@ -248,7 +249,7 @@ def run_lesson(
     args, nproc, env = lesson_args(lesson, args, nproc, env, **fill)
     live = echo is True
     progress = None
-    if echo == "fold" and _in_notebook():
+    if echo == "fold" and in_notebook():
         progress = LaunchProgress(lesson, args, nproc)
     run = launch_lesson(lesson, *args, nproc=nproc, env=env, echo=live, progress=progress)
     if echo == "fold":
@@ -259,15 +260,6 @@ def run_lesson(
         tail = "".join(run.stdout.splitlines(keepends=True)[-5:])
         raise RuntimeError(f"lesson {lesson} exited with {run.returncode}:\n{tail}")
     return run.metrics
-
-
-def _in_notebook() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
 def short_command(run: LessonRun, width: int = 90) -> str:
@@ -291,7 +283,7 @@ def show_log(run: LessonRun, progress: LaunchProgress | None = None) -> None:
     # Quoted as a shell needs it: a --variants value holds ";", which would end the command.
     command = (f"NPROC={run.nproc} " if run.nproc else "") + shlex.join(map(str, run.command))
     lines = run.stdout.count("\n")
-    if not _in_notebook():
+    if not in_notebook():
         print(f"$ {command}   (exit {run.returncode}, {lines} lines of log)")
         print(run.stdout, end="")
         return
@@ -398,7 +390,7 @@ class LaunchProgress:
 
 def show_table(rows: list[dict], columns: list[str] | None = None) -> None:
     """An HTML table in JupyterLab, plain text elsewhere."""
-    if not _in_notebook():
+    if not in_notebook():
         print(table(rows, columns))
         return
     from IPython.display import HTML, display

@@ -25,6 +25,8 @@ import math
 import os
 import re
 
+from course_lab.kernel import in_notebook
+
 REVEAL_ENV = "COURSE_REVEAL_PREDICTIONS"
 _UNSET = object()
 _ALL: list[Prediction] = []  # every prediction made in this kernel, in order
@@ -33,9 +35,8 @@ _ALL: list[Prediction] = []  # every prediction made in this kernel, in order
 def _widgets_on() -> bool:
     if os.environ.get(REVEAL_ENV, "").strip() not in ("", "0"):
         return False
-    from course_lab.notebook import _in_notebook
 
-    if not _in_notebook():
+    if not in_notebook():
         return False
     try:
         import ipywidgets  # noqa: F401

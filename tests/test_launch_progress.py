@@ -62,7 +62,7 @@ def test_the_folded_header_is_one_short_line():
 
 def test_the_fold_replaces_the_progress_and_keeps_the_full_command(monkeypatch):
     p = progress(monkeypatch, ["--variants", "a=1;b=2;c=3;d=4;e=5;f=6;g=7;h=8;i=9;j=10;k=11"])
-    monkeypatch.setattr(notebook, "_in_notebook", lambda: True)
+    monkeypatch.setattr(notebook, "in_notebook", lambda: True)
     run = LessonRun(
         [
             "bash",
@@ -98,8 +98,8 @@ def test_lesson8_background_jobs_get_the_same_progress_and_fold(monkeypatch):
         return handles[-1]
 
     monkeypatch.setattr("IPython.display.display", display)
-    monkeypatch.setattr(jobs, "_in_notebook", lambda: True)
-    monkeypatch.setattr(notebook, "_in_notebook", lambda: True)
+    monkeypatch.setattr(jobs, "in_notebook", lambda: True)
+    monkeypatch.setattr(notebook, "in_notebook", lambda: True)
     script = (
         "import time\nprint('lesson 8 | 2 ranks | gloo on cpu | steps=2', flush=True)\n"
         "time.sleep(1.5)\nprint(' step |    loss |', flush=True)\n"

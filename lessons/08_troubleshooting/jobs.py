@@ -20,7 +20,8 @@ import time
 import uuid
 from pathlib import Path
 
-from course_lab.notebook import REPO, LaunchProgress, LessonRun, _in_notebook, lesson_env, show_log
+from course_lab.kernel import in_notebook
+from course_lab.notebook import REPO, LaunchProgress, LessonRun, lesson_env, show_log
 from diagnosis import dump_stack, root_cause, waiting_line, worker_pids
 
 LESSON_DIR = Path(__file__).resolve().parent
@@ -43,7 +44,7 @@ class Job:
         # In JupyterLab the same live progress and folded log as run_lesson's launches (under
         # the cell that started the job, also when it runs in the background); a line elsewhere.
         self.progress = (LaunchProgress(8, [], None, command=words)
-                         if _in_notebook() and not echo else None)
+                         if in_notebook() and not echo else None)
         if self.progress is None:
             print("+ " + " ".join(words), flush=True)
         self.folded = False
