@@ -833,25 +833,24 @@ def test_open_answer_right_and_wrong(check_page, lab):
         box.screenshot(path=str(shots_dir(lab) / f"open_wrong_{lang}.png"))
     # And one the real grader is unsure of (from the labelled corpus; none is a skip, said).
     corpus = json.loads((REPO_ROOT / "quizzes" / "labelled_answers" / "lesson1.json").read_text())
-    unsure = [
-        (a["answer"], r)
+    graded = [
+        (a["answer"], quizzes.grade("lesson1", q.id, a["answer"], lang="zh"))
         for a in corpus["questions"][q.id]
         if a["lang"] == "zh"
-        for r in [quizzes.grade("lesson1", q.id, a["answer"], lang="zh")]
-        if r.verdict == "unsure"
     ]
-    if not unsure:
-        pytest.skip(
-            f"no Chinese answer of the lesson 1 corpus is graded unsure by today's grader ({q.id})"
-        )
-    answer, expected = unsure[0]
-    box.locator("textarea").fill(answer)
-    box.get_by_role("button", name="检查").click()
-    expect(feedback.locator(".quiz-verdict-unsure")).to_have_text("? 无法确定：请自己对照")
-    expect(feedback).to_contain_text(expected.details["unread"][0])
-    expect(check.locator(".quiz-idea")).to_have_count(len(expected.details["checklist"]))
-    assert_no_english_ui(root)
-    box.screenshot(path=str(shots_dir(lab) / "open_unsure_real_zh.png"))
+    # an unread sentence, and a verdict the second reading withheld: each says why it is unsure
+    for reason, why in (("unread", None), ("doubted_correct", "整体读起来不像")):
+        unsure = [(a, r) for a, r in graded if r.details["reason"] == reason]
+        if not unsure:
+            pytest.skip(f"no Chinese answer of the lesson 1 corpus is graded {reason} ({q.id})")
+        answer, expected = unsure[0]
+        box.locator("textarea").fill(answer)
+        box.get_by_role("button", name="检查").click()
+        expect(feedback.locator(".quiz-verdict-unsure")).to_have_text("? 无法确定：请自己对照")
+        expect(feedback).to_contain_text(why or expected.details["unread"][0])
+        expect(check.locator(".quiz-idea")).to_have_count(len(expected.details["checklist"]))
+        assert_no_english_ui(root)
+        box.screenshot(path=str(shots_dir(lab) / f"open_unsure_{reason}_zh.png"))
     root.locator(".quiz-lang button", has_text="English").click()
     wait_for(
         lambda: read_progress(lab).get("settings", {}).get("lang") == "en",
