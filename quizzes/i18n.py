@@ -142,7 +142,14 @@ MESSAGES = {
     },
     "self_right": {"en": "My answer is right", "zh": "我的回答正确"},
     "self_wrong": {"en": "My answer is not right", "zh": "我的回答不正确"},
-    "self_needs_all": {"en": "(tick every key idea first)", "zh": "（请先勾选所有要点）"},
+    "self_needs_all": {
+        "en": "(tick every key idea, and that nothing is false, first)",
+        "zh": "（请先勾选所有要点，并确认没有错误说法）",
+    },
+    "nothing_false": {
+        "en": "Nothing I wrote is false: I compared each of my sentences with the reference.",
+        "zh": "我写的没有错误说法：每一句都和参考答案对照过。",
+    },
     "self_recorded": {"en": "Recorded as self-assessed.", "zh": "已记为自评。"},
     "ask_idea": {"en": "Does your answer say this? (y/n)", "zh": "你的回答说到了这一点吗？(y/n)"},
     "ask_right": {

@@ -4,13 +4,15 @@ top and at the bottom.
 The feedback shows the verdict at a glance (icon, colour, word) and the explanation under it,
 wrapped at word boundaries. An open answer the grader could not read whole ("unsure") shows what
 it found and missed, the sentences it could not read and the reference answer, then a checklist
-of the key ideas and two buttons: the learner marks their own answer, recorded as self-assessed.
+of the key ideas, a box to confirm that nothing in the answer is false (never ticked for the
+learner) and two buttons: the learner marks their own answer, recorded as self-assessed; "right"
+needs every box ticked.
 Switching the language re-renders everything, feedback included (graded again in the new
 language; nothing is recorded twice).
 
 CSS classes for tests and styling: quiz-root, quiz-lang, quiz-score (quiz-score-top,
 quiz-score-bottom), quiz-question, quiz-q-<id>, quiz-check, quiz-feedback, quiz-verdict-<look>,
-quiz-selfcheck, quiz-idea, quiz-self-right, quiz-self-wrong, quiz-self-status.
+quiz-selfcheck, quiz-idea, quiz-nothing-false, quiz-self-right, quiz-self-wrong, quiz-self-status.
 """
 
 from __future__ import annotations
@@ -136,6 +138,14 @@ class QuestionBox:
         self.ideas_head = widgets.HTML(layout={"width": "100%"})
         self.ideas = widgets.VBox([])
         self.idea_checks: list[widgets.Checkbox] = []
+        # never ticked for the learner: the grader did not find anything false, but an unsure
+        # answer may still say something false (the second reading doubts it, or it is unread)
+        self.nothing_false = widgets.Checkbox(
+            value=False, indent=False, layout={"width": "28px", "flex": "0 0 28px"}
+        )
+        self.nothing_false.add_class("quiz-nothing-false")
+        self.nothing_false.observe(lambda _c: self._update_self_buttons(), names="value")
+        self.nothing_false_label = widgets.HTML(layout={"width": "100%"})
         self.self_right = widgets.Button(button_style="success", icon="check")
         self.self_right.add_class("quiz-self-right")
         self.self_wrong = widgets.Button(button_style="warning", icon="times")
@@ -149,6 +159,10 @@ class QuestionBox:
             [
                 self.ideas_head,
                 self.ideas,
+                widgets.HBox(
+                    [self.nothing_false, self.nothing_false_label],
+                    layout={"align_items": "flex-start"},
+                ),
                 widgets.HBox(
                     [self.self_right, self.self_wrong, self.self_hint],
                     layout={"align_items": "center"},
@@ -171,6 +185,7 @@ class QuestionBox:
             labels
         ):  # a new checklist: ticked where the grader found the idea
             self.idea_checks = []
+            self.nothing_false.value = False
             rows = []
             for label in labels:
                 cb = widgets.Checkbox(
@@ -190,6 +205,9 @@ class QuestionBox:
             self.ideas.children = rows
         for row, label in zip(self.ideas.children, labels):
             row.children[1].value = f"<div style='{TEXT_STYLE}'>{_esc(label)}</div>"
+        self.nothing_false_label.value = (
+            f"<div style='{TEXT_STYLE}'><i>{_esc(msg('nothing_false', lang))}</i></div>"
+        )
         self.ideas_head.value = (
             f"<div style='{TEXT_STYLE};margin-top:6px'><b>{_esc(msg('checklist_head', lang))}</b> "
             f"{_esc(msg('checklist_rule', lang))}</div>"
@@ -202,7 +220,7 @@ class QuestionBox:
         self.selfcheck.layout.display = "flex"
 
     def _update_self_buttons(self) -> None:
-        all_ticked = all(cb.value for cb in self.idea_checks)
+        all_ticked = all(cb.value for cb in self.idea_checks) and self.nothing_false.value
         self.self_right.disabled = not all_ticked
         self.self_hint.value = (
             "" if all_ticked else f"<i>{_esc(msg('self_needs_all', self.quiz.lang))}</i>"

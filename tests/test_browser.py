@@ -750,7 +750,7 @@ def test_unsure_result_and_self_assessment_by_clicking(check_page, lab):
     assert [ideas.nth(i).is_checked() for i in range(3)] == [True, False, False]
     right = check.locator(".quiz-self-right button, button.quiz-self-right").first
     expect(right).to_be_disabled()
-    expect(check).to_contain_text("tick every key idea first")
+    expect(check).to_contain_text("tick every key idea, and that nothing is false, first")
     box.screenshot(path=str(shots_dir(lab) / "open_unsure_en.png"))
     rec = wait_for(
         lambda: read_progress(lab).get("lessons", {}).get("lesson1", {}).get(q.id),
@@ -760,6 +760,10 @@ def test_unsure_result_and_self_assessment_by_clicking(check_page, lab):
 
     ideas.nth(1).check()
     ideas.nth(2).check()
+    expect(right).to_be_disabled()  # every key idea, but nothing false is not confirmed yet
+    nothing_false = check.locator(".quiz-nothing-false input[type=checkbox]")
+    expect(nothing_false).not_to_be_checked()
+    nothing_false.check()
     expect(right).to_be_enabled()
     right.click()
     status = check.locator(".quiz-self-status")

@@ -505,9 +505,12 @@ def test_widget_unsure_shows_what_was_read_and_asks_for_a_self_mark(unsure_quiz)
     # the checklist starts from what the grader found; "right" needs every key idea ticked
     assert [cb.value for cb in box.idea_checks] == [True, False, False]
     assert box.self_right.disabled and not box.self_wrong.disabled
-    assert "tick every key idea first" in box.self_hint.value
+    assert "tick every key idea, and that nothing is false, first" in box.self_hint.value
     for cb in box.idea_checks:
         cb.value = True
+    # every key idea is not enough: the learner confirms nothing in the answer is false
+    assert not box.nothing_false.value and box.self_right.disabled
+    box.nothing_false.value = True
     assert not box.self_right.disabled and box.self_hint.value == ""
     box.self_right.click()
     assert (
@@ -775,7 +778,9 @@ def test_unsure_with_every_key_idea_found_ticks_them_all(monkeypatch):
     box = next(b for b in quiz.boxes if b.q.type == "open")
     box.input.value = "anything at all, really"
     box.button.click()
-    assert [cb.value for cb in box.idea_checks] == [True] and not box.self_right.disabled
+    assert [cb.value for cb in box.idea_checks] == [True] and box.self_right.disabled
+    box.nothing_false.value = True
+    assert not box.self_right.disabled
     assert "Key ideas not found:\n- (none)" in box.feedback_text
     assert "Key ideas found:\n- key idea\n" in box.feedback_text
     assert "claim one" not in box.feedback_text
