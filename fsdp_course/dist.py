@@ -131,6 +131,35 @@ def timeout_seconds() -> float:
     return value
 
 
+NCCL_HEADER = "include/torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp"
+
+
+def default_timeouts() -> dict[str, tuple[timedelta | None, str]]:
+    """What ``init_process_group`` waits in a collective when given no ``timeout=``, per backend,
+    and where this torch defines it: ``{"gloo": (timedelta, source), "nccl": (timedelta or None,
+    source)}``. gloo (and every backend but NCCL) uses ``default_pg_timeout``; a torch built with
+    NCCL exposes NCCL's as ``default_pg_nccl_timeout``, a CPU-only build sets that to None but
+    still ships the C++ header that defines it (``kProcessGroupNCCLDefaultTimeout``)."""
+    from torch.distributed import constants
+
+    gloo = (constants.default_pg_timeout, "torch.distributed.constants.default_pg_timeout")
+    if constants.default_pg_nccl_timeout is not None:
+        source = "torch.distributed.constants.default_pg_nccl_timeout"
+        return {"gloo": gloo, "nccl": (constants.default_pg_nccl_timeout, source)}
+    header = Path(torch.__file__).parent / NCCL_HEADER
+    text = header.read_text() if header.is_file() else ""
+    match = re.search(
+        r"kProcessGroupNCCLDefaultTimeout\s*=\s*std::chrono::milliseconds\(([\d\s*]+)\)", text
+    )
+    if not match:
+        return {"gloo": gloo, "nccl": (None, "not found in this torch")}
+    milliseconds = 1
+    for factor in match.group(1).split("*"):
+        milliseconds *= int(factor)
+    source = f"torch/{NCCL_HEADER} (kProcessGroupNCCLDefaultTimeout = {match.group(1).strip()} ms)"
+    return {"gloo": gloo, "nccl": (timedelta(milliseconds=milliseconds), source)}
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     first = text[0] if text else ""

@@ -161,11 +161,14 @@ def test_rank0_only_state_dict_fails_in_bounded_time():
 
 
 def test_default_collective_timeouts_from_torch_source():
-    """What the notebook prints next to the hang: gloo's default from the Python constant, NCCL's
-    from the C++ header a CPU-only build still ships."""
-    import torch.distributed.constants as constants
+    """What the notebook prints next to the hang (fsdp_course.dist.default_timeouts): gloo's
+    default from the Python constant, NCCL's from the C++ header a CPU-only build still ships."""
+    from fsdp_course.dist import default_timeouts
 
-    assert constants.default_pg_timeout == timedelta(minutes=30)
+    defaults = default_timeouts()
+    assert defaults["gloo"][0] == timedelta(minutes=30)
+    assert defaults["nccl"][0] == timedelta(minutes=10)
+    assert "kProcessGroupNCCLDefaultTimeout = 10 * 60 * 1000 ms" in defaults["nccl"][1]
     header = (
         Path(torch.__file__).parent / "include/torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp"
     )

@@ -11,38 +11,27 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed import constants
+
+from fsdp_course.dist import default_timeouts as default_timeouts_by_backend
 
 TORCH = Path(torch.__file__).resolve().parent
 C10D_HEADERS = TORCH / "include" / "torch" / "csrc" / "distributed" / "c10d"
-
-
-def _header_constant(header: str, name: str) -> str | None:
-    """``constexpr auto NAME = std::chrono::milliseconds(EXPR);`` -> EXPR, from torch's headers."""
-    path = C10D_HEADERS / header
-    if not path.is_file():
-        return None
-    match = re.search(rf"{name}\s*=\s*std::chrono::milliseconds\(([^)]*)\)", path.read_text())
-    return match.group(1).strip() if match else None
 
 
 def default_timeouts() -> list[dict]:
     """The collective timeout a process group gets when ``init_process_group`` is given none:
     gloo from ``torch.distributed.constants`` (Python), NCCL from ``ProcessGroupNCCL.hpp``
     (a CPU build of torch has no NCCL, so its Python constant is None)."""
-    nccl_ms = _header_constant("ProcessGroupNCCL.hpp", "kProcessGroupNCCLDefaultTimeout")
-    nccl = constants.default_pg_nccl_timeout
-    header_s = eval(nccl_ms, {}) / 1000 if nccl_ms else None
-    nccl_s = nccl.total_seconds() if nccl is not None else header_s
-    return [
-        {"backend": "gloo (and every non-NCCL backend)",
-         "default": str(constants.default_pg_timeout),
-         "seconds": constants.default_pg_timeout.total_seconds(),
-         "source": "torch/distributed/constants.py: default_pg_timeout"},
-        {"backend": "nccl", "default": f"{nccl_s / 60:g} min" if nccl_s else "?", "seconds": nccl_s,
-         "source": "ProcessGroupNCCL.hpp: kProcessGroupNCCLDefaultTimeout = "
-                   f"milliseconds({nccl_ms})"},
-    ]
+    rows = []
+    for backend, (value, source) in default_timeouts_by_backend().items():
+        seconds = value.total_seconds() if value is not None else None
+        rows.append({
+            "backend": "gloo (and every non-NCCL backend)" if backend == "gloo" else backend,
+            "default": f"{seconds / 60:g} min" if seconds else "?",
+            "seconds": seconds,
+            "source": source,
+        })
+    return rows
 
 
 def nccl_error_handling_modes() -> dict:
