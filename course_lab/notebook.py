@@ -15,6 +15,8 @@ runs a lesson from Python: notebooks, exercise checkers and tests all call it.
 ``COURSE_LAUNCHER=FILE.py:FUNCTION`` hands every launch to ``FUNCTION(lesson, args, nproc, env,
 launch)``, which returns a LessonRun (``launch()`` runs it): the test suite's run cache
 (tests/run_cache.py) shares one launch between a notebook's kernel and the tests that way.
+``COURSE_SHARER`` does the same for ``shared_run``, a named run of lesson code that is more than
+one launch (lesson 8's jobs).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from fsdp_course.report import read_metrics, table
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER_ENV = "COURSE_LAUNCHER"
+SHARER_ENV = "COURSE_SHARER"
 
 
 @dataclass
@@ -186,7 +189,7 @@ def launch_lesson(
         launched.append(_launch(lesson, args, nproc, env, echo, timeout, progress))
         return launched[-1]
 
-    hook = _launcher()
+    hook = _hook(LAUNCHER_ENV)
     if hook is None:
         return launch()
     run = hook(lesson, args, nproc, env, launch)
@@ -198,20 +201,31 @@ def launch_lesson(
 _HOOKS: dict = {}
 
 
-def _launcher():
-    """The function ``COURSE_LAUNCHER`` names (``FILE.py:FUNCTION``), or None."""
-    spec = os.environ.get(LAUNCHER_ENV)
+def _hook(variable: str):
+    """The function an environment variable names (``FILE.py:FUNCTION``), or None."""
+    spec = os.environ.get(variable)
     if not spec:
         return None
     if spec not in _HOOKS:
         path, _, name = spec.rpartition(":")
-        found = importlib.util.spec_from_file_location(f"course_launcher_{len(_HOOKS)}", path)
+        found = importlib.util.spec_from_file_location(f"course_hook_{len(_HOOKS)}", path)
         if not path.endswith(".py") or found is None or not Path(path).is_file():
-            raise RuntimeError(f"{LAUNCHER_ENV}={spec}: expected FILE.py:FUNCTION")
+            raise RuntimeError(f"{variable}={spec}: expected FILE.py:FUNCTION")
         module = importlib.util.module_from_spec(found)
         found.loader.exec_module(module)
         _HOOKS[spec] = getattr(module, name)
     return _HOOKS[spec]
+
+
+def shared_run(name: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``: a run of lesson code that is not one launch (lesson 8's jobs:
+    several launches, a py-spy dump). Handed to ``COURSE_SHARER`` when it is set (under the test
+    suite: run once, the notebook's test and the lesson's tests read the same result); a plain
+    call otherwise."""
+    hook = _hook(SHARER_ENV)
+    if hook is None:
+        return fn(*args, **kwargs)
+    return hook(name, fn, args, kwargs)
 
 
 def _launch(lesson, args, nproc, env, echo, timeout, progress=None) -> LessonRun:

@@ -9,6 +9,9 @@ notebook kernel inherit it through the environment:
   (a second caller waits for the first one's run, then reads it);
 - ``COURSE_LAUNCHER``: this file's ``cached_launch``, which ``course_lab.notebook.launch_lesson``
   hands every launch to (course_lab itself keeps no cache);
+- ``COURSE_SHARER``: this file's ``cached_call``, which ``course_lab.notebook.shared_run`` hands a
+  named run of lesson code to (lesson 8's jobs: a hang dumped by py-spy, two nodes), shared the
+  same way;
 - ``COURSE_LAUNCH_LOG``: one line per torchrun start (fsdp_course.torchrun writes it), counted
   in the summary line "torchrun launches: N (M lesson launches shared through the run cache)".
 
@@ -32,7 +35,8 @@ from pathlib import Path
 CACHE_ENV = "COURSE_RUN_CACHE"
 LOG_ENV = "COURSE_LAUNCH_LOG"
 LAUNCHER_ENV = "COURSE_LAUNCHER"  # read by course_lab.notebook
-VARIABLES = (CACHE_ENV, LOG_ENV, LAUNCHER_ENV)
+SHARER_ENV = "COURSE_SHARER"  # read by course_lab.notebook
+VARIABLES = (CACHE_ENV, LOG_ENV, LAUNCHER_ENV, SHARER_ENV)
 
 
 def cached_launch(lesson: int, args: list[str], nproc, env: dict | None, launch):
@@ -44,15 +48,40 @@ def cached_launch(lesson: int, args: list[str], nproc, env: dict | None, launch)
     if not root:
         return launch()
     key = json.dumps([lesson, args, str(nproc), sorted((env or {}).items())], default=str)
-    path = Path(root) / f"lesson{lesson}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+    return _once(
+        Path(root) / f"lesson{lesson}-{_digest(key, 20)}.json",
+        lambda: dataclasses.asdict(launch()),
+        lambda held: LessonRun(**held),
+    )
+
+
+def cached_call(name: str, fn, args: tuple, kwargs: dict):
+    """``fn(*args, **kwargs)`` once per (name, arguments) in this test run, as JSON holds it
+    (what every later caller, in any process, gets)."""
+    root = os.environ.get(CACHE_ENV)
+    if not root:
+        return fn(*args, **kwargs)
+    key = json.dumps([name, args, sorted(kwargs.items())], default=str)
+    return _once(
+        Path(root) / f"{name}-{_digest(key, 16)}.json",
+        lambda: json.loads(json.dumps(fn(*args, **kwargs), default=str)),
+        lambda held: held,
+    )
+
+
+def _digest(key: str, length: int) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:length]
+
+
+def _once(path: Path, make, load):
+    """``load`` of what ``make()`` returned, made by the first caller only: the others wait on the
+    lock, then read the file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second caller waits for the first one's run
-        if path.is_file():
-            return LessonRun(**json.loads(path.read_text()))
-        run = launch()
-        path.write_text(json.dumps(dataclasses.asdict(run)))
-        return run
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.is_file():
+            path.write_text(json.dumps(make()))
+        return load(json.loads(path.read_text()))
 
 
 def start(folder: str) -> dict:
@@ -62,6 +91,7 @@ def start(folder: str) -> dict:
     os.environ[CACHE_ENV] = folder
     os.environ[LOG_ENV] = os.path.join(folder, "launches.log")
     os.environ[LAUNCHER_ENV] = f"{Path(__file__).resolve()}:cached_launch"
+    os.environ[SHARER_ENV] = f"{Path(__file__).resolve()}:cached_call"
     return saved
 
 

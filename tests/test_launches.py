@@ -5,6 +5,8 @@ runs a launch once. No torchrun here: the launches themselves run in the lesson 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import run_cache
@@ -132,3 +134,23 @@ def test_the_run_cache_runs_a_launch_once_per_key(tmp_path, monkeypatch):
     assert run_cache.summary(str(tmp_path)) == (
         "torchrun launches: 0 (2 lesson launches shared through the run cache)"
     )
+
+
+def test_a_shared_run_of_lesson_code_runs_once_under_the_suite(tmp_path, monkeypatch):
+    """course_lab.notebook.shared_run (lesson 8's jobs): a plain call without COURSE_SHARER; under
+    the suite's run cache once per (name, arguments), every caller getting what JSON holds."""
+    calls = []
+
+    def job(flag, timeout_s=1):
+        calls.append(flag)
+        return {"flag": flag, "path": tmp_path / "out"}  # a Path becomes its text in the cache
+
+    monkeypatch.delenv(run_cache.SHARER_ENV, raising=False)
+    assert notebook.shared_run("hang", job, "--fault")["path"] == tmp_path / "out"
+    monkeypatch.setenv(run_cache.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(run_cache.SHARER_ENV, f"{Path(run_cache.__file__).resolve()}:cached_call")
+    first = notebook.shared_run("hang", job, "--fault", timeout_s=10)
+    again = notebook.shared_run("hang", job, "--fault", timeout_s=10)
+    other = notebook.shared_run("hang", job, "--fault", timeout_s=20)
+    assert calls == ["--fault", "--fault", "--fault"]  # the plain call, then two distinct keys
+    assert first == again == {"flag": "--fault", "path": str(tmp_path / "out")} and other == first

@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 
 from course_lab.kernel import in_notebook
-from course_lab.notebook import REPO, LaunchProgress, LessonRun, lesson_env, show_log
+from course_lab.notebook import REPO, LaunchProgress, LessonRun, lesson_env, shared_run, show_log
 from diagnosis import dump_stack, root_cause, waiting_line, worker_pids
 
 LESSON_DIR = Path(__file__).resolve().parent
@@ -203,24 +203,10 @@ def two_nodes(*args, nproc: int = 2, env: dict | None = None, timeout: float = 3
 # --- a run shared between the notebook and the tests ---------------------------------------------
 
 def shared(name: str, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)``, run once per test run when ``COURSE_RUN_CACHE`` is set (the
-    notebook's test and tests/test_lesson8.py then read the same run); a plain call otherwise."""
-    import fcntl
-    import hashlib
-
-    root = os.environ.get("COURSE_RUN_CACHE")
-    if not root:
-        return fn(*args, **kwargs)
-    key = json.dumps([name, args, sorted(kwargs.items())], default=str)
-    path = Path(root) / f"lesson8-{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if path.is_file():
-            return json.loads(path.read_text())
-        result = json.loads(json.dumps(fn(*args, **kwargs), default=str))  # as the cache holds it
-        path.write_text(json.dumps(result))
-        return result
+    """``fn(*args, **kwargs)``, run once per test run under the test suite (the notebook's test and
+    tests/test_lesson8.py then read the same run: course_lab.notebook.shared_run); a plain call
+    otherwise."""
+    return shared_run(name, fn, *args, **kwargs)
 
 
 # --- jobs started together, as in several terminals ----------------------------------------------
