@@ -47,12 +47,17 @@ ERROR_MARK = "Traceback (most recent call last)"
 
 
 def chromium() -> str | None:
-    for candidate in (
-        os.environ.get("COURSE_CHROMIUM"),
-        "/usr/bin/chromium",
-        shutil.which("chromium"),
-        shutil.which("chromium-browser"),
-    ):
+    """$COURSE_CHROMIUM when set (only it: a path asked for is never swapped for another), else
+    Debian's chromium."""
+    if os.environ.get("COURSE_CHROMIUM"):
+        candidates = [os.environ["COURSE_CHROMIUM"]]
+    else:
+        candidates = [
+            "/usr/bin/chromium",
+            shutil.which("chromium"),
+            shutil.which("chromium-browser"),
+        ]
+    for candidate in candidates:
         if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     return None

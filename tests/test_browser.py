@@ -33,18 +33,9 @@ from types import SimpleNamespace
 import nbformat
 import pytest
 
+from course_lab.screenshots import CHROMIUM_ARGS, chromium
 from helpers import REPO_ROOT
 
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-]
 WAIT_MS = 30_000  # Playwright's default of 5 s is too short for kernels and widgets
 DOCUMENT_TABS = ".lm-DockPanel-tabBar .lm-TabBar-tab"  # JupyterLab's tabs of open documents
 CHECK_NB = "browser_check.ipynb"
@@ -63,25 +54,9 @@ WIDGET_FAILURES = [
 # --- Chromium and Playwright ---------------------------------------------------------------------
 
 
-def chromium_path() -> str | None:
-    """$COURSE_CHROMIUM when set (only it), else Debian's chromium."""
-    if os.environ.get("COURSE_CHROMIUM"):
-        candidates = [os.environ["COURSE_CHROMIUM"]]
-    else:
-        candidates = [
-            "/usr/bin/chromium",
-            shutil.which("chromium"),
-            shutil.which("chromium-browser"),
-        ]
-    for candidate in candidates:
-        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
 @pytest.fixture(scope="module")
 def browser():
-    exe = chromium_path()
+    exe = chromium()
     if exe is None:
         pytest.skip(
             f"no Chromium at {os.environ.get('COURSE_CHROMIUM') or '/usr/bin/chromium'}: "
