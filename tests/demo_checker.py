@@ -7,6 +7,21 @@ detected. The course's real checkers live with the notebooks, in course_lab/exer
 
 from quizzes.exercise import exercise
 
+# The bank its exercise belongs to, in the plain form ``python -m quizzes unseal`` prints
+# (helpers.use_bank seals it into a temporary bank folder).
+BANK = {
+    "lesson": "lessondemo",
+    "title": {"en": "Demo", "zh": "演示"},
+    "questions": [
+        {
+            "id": "ex_square",
+            "type": "code",
+            "prompt": {"en": "Write square(x).", "zh": "编写 square(x)。"},
+            "secret": {},
+        }
+    ],
+}
+
 
 @exercise("lessondemo", "ex_square")
 def check_square(learner_fn, **context):

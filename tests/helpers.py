@@ -35,6 +35,27 @@ def run_cmd(args, env=None, timeout=120, cwd=None, input=None) -> subprocess.Com
     )
 
 
+def quiz_cli(*args, progress_file, stdin="", env=None) -> subprocess.CompletedProcess:
+    """``python -m quizzes args...`` with its progress in ``progress_file``, ``stdin`` typed in."""
+    return run_cmd(
+        [sys.executable, "-m", "quizzes", *args],
+        env={PROGRESS_ENV: progress_file, **(env or {})},
+        input=stdin,
+    )
+
+
+def use_bank(authoring: dict, folder: Path, monkeypatch) -> str:
+    """Seal ``authoring`` (the plain form ``python -m quizzes unseal`` prints) as the only bank in
+    ``folder`` and point the quiz engine at that folder; returns the bank's lesson id."""
+    from quizzes import bank
+
+    folder.mkdir(parents=True)
+    lesson = authoring["lesson"]
+    (folder / f"{lesson}.json").write_text(bank.dump_bank(bank.from_authoring(authoring)))
+    monkeypatch.setenv(bank.BANK_PATH_ENV, str(folder))
+    return lesson
+
+
 def lesson_script(lesson: int, name: str = "train"):
     """``lessons/NN_*/name.py`` imported as a module, as torchrun runs it: its folder first on
     the path, so ``import runs`` finds this lesson's module and not another lesson's of the

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-import demo_checker  # noqa: F401 - registers the demo checker (lessondemo, ex_square)
+import demo_checker  # registers the demo checker (lessondemo, ex_square)
 import quizzes
+from helpers import use_bank
 from quizzes import bank as bankmod
 from quizzes.bank import QuizError
 from quizzes.exercise import exercise
@@ -24,22 +25,7 @@ def quiz_progress_file(tmp_path, monkeypatch):
 @pytest.fixture
 def quiz_demo_bank(tmp_path, monkeypatch):
     """A one-exercise bank in a temporary folder, graded by demo_checker.check_square."""
-    authoring = {
-        "lesson": "lessondemo",
-        "title": {"en": "Demo", "zh": "演示"},
-        "questions": [
-            {
-                "id": "ex_square",
-                "type": "code",
-                "prompt": {"en": "Write square(x).", "zh": "编写 square(x)。"},
-                "secret": {},
-            }
-        ],
-    }
-    folder = tmp_path / "banks"
-    folder.mkdir()
-    (folder / "lessondemo.json").write_text(bankmod.dump_bank(bankmod.from_authoring(authoring)))
-    monkeypatch.setenv(bankmod.BANK_PATH_ENV, str(folder))
+    use_bank(demo_checker.BANK, tmp_path / "banks", monkeypatch)
     return "lessondemo"
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import quizzes
+from helpers import use_bank
 from quizzes import bank as bankmod
 from quizzes import claims, reader
 from quizzes.bank import QuizError
@@ -115,10 +116,7 @@ def demo_bank(tmp_path, monkeypatch):
             }
         ],
     }
-    folder = tmp_path / "banks"
-    folder.mkdir()
-    (folder / "lessondemo.json").write_text(bankmod.dump_bank(bankmod.from_authoring(authoring)))
-    monkeypatch.setenv(bankmod.BANK_PATH_ENV, str(folder))
+    use_bank(authoring, tmp_path / "banks", monkeypatch)
     return "lessondemo"
 
 
@@ -346,10 +344,7 @@ def test_found_missing_and_checklist_are_key_ideas(demo_bank, monkeypatch, tmp_p
             }
         ],
     }
-    folder = tmp_path / "keybanks"
-    folder.mkdir()
-    (folder / "lessonkeys.json").write_text(bankmod.dump_bank(bankmod.from_authoring(authoring)))
-    monkeypatch.setenv(bankmod.BANK_PATH_ENV, str(folder))
+    use_bank(authoring, tmp_path / "keybanks", monkeypatch)
     text = (
         "FULL_SHARD frees the parameters after forward, while SHARD_GRAD_OP keeps them, and no "
         "rank holds the full model. The parameters are also compressed on the model's way to disk."
@@ -517,10 +512,7 @@ def test_readme_worked_example(tmp_path, monkeypatch):
         "title": _bi("README", "README"),
         "questions": [question],
     }
-    folder = tmp_path / "banks"
-    folder.mkdir()
-    (folder / "lessonreadme.json").write_text(bankmod.dump_bank(bankmod.from_authoring(authoring)))
-    monkeypatch.setenv(bankmod.BANK_PATH_ENV, str(folder))
+    use_bank(authoring, tmp_path / "banks", monkeypatch)
     assert {v for _, v in rows} == {"correct", "wrong", "unsure"}
     for answer, verdict in rows:
         lang = "zh" if re.search("[\u4e00-\u9fff]", answer) else "en"

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import quizzes
+from helpers import quiz_cli, use_bank
 from quizzes import bank as bankmod
 from quizzes import progress
 from quizzes.bank import QuizError
@@ -27,20 +28,6 @@ def progress_file(tmp_path, monkeypatch):
     monkeypatch.setenv(progress.ENV, str(path))
     monkeypatch.delenv(bankmod.BANK_PATH_ENV, raising=False)
     return path
-
-
-def cli(*args, progress_path, stdin="", **kw):
-    env = dict(os.environ, **{progress.ENV: str(progress_path)})
-    return subprocess.run(
-        [sys.executable, "-m", "quizzes", *args],
-        cwd=REPO,
-        env=env,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        **kw,
-    )
 
 
 def answers_file(tmp_path, answers, lesson="lesson1", lang="en", name="answers.json"):
@@ -141,11 +128,11 @@ def test_killed_writer_leaves_a_temp_file_the_next_write_removes(progress_file):
 def test_bad_progress_file_is_moved_aside_with_one_line(tmp_path, progress_file, content, reason):
     progress_file.parent.mkdir(parents=True)
     progress_file.write_bytes(content)
-    r = cli(
+    r = quiz_cli(
         "grade",
         answers_file(tmp_path, {"q_zero_mapping": "b"}),
         "--record",
-        progress_path=progress_file,
+        progress_file=progress_file,
     )
     one_line_error(r, 0, "moved it to", reason)
     moved = list(progress_file.parent.glob("progress.json.corrupt-*"))
@@ -158,17 +145,17 @@ def test_bad_progress_file_is_moved_aside_with_one_line(tmp_path, progress_file,
 
 def test_folder_at_the_progress_path(tmp_path, progress_file):
     progress_file.mkdir(parents=True)
-    r = cli(
+    r = quiz_cli(
         "grade",
         answers_file(tmp_path, {"q_zero_mapping": "b"}),
         "--record",
-        progress_path=progress_file,
+        progress_file=progress_file,
     )
     one_line_error(r, 1, "is a folder, not a file")
     # printed all the same
     assert "[correct] q_zero_mapping" in r.stdout and "Total: 1 / " in r.stdout
     assert progress_file.is_dir() and not list(progress_file.iterdir())  # left alone
-    r = cli("progress", progress_path=progress_file)
+    r = quiz_cli("progress", progress_file=progress_file)
     one_line_error(r, 0, "is a folder, not a file")
     assert "lesson1" in r.stdout
 
@@ -196,15 +183,15 @@ def read_only_folder(tmp_path) -> Path:
 
 def test_read_only_folder_prints_results_and_one_line(tmp_path):
     target = read_only_folder(tmp_path) / "progress.json"
-    r = cli(
+    r = quiz_cli(
         "grade",
         answers_file(tmp_path, {"q_zero_mapping": "b"}, lang="zh"),
         "--record",
-        progress_path=target,
+        progress_file=target,
     )
     one_line_error(r, 1, "进度未保存", "cannot save progress")
     assert "[正确] q_zero_mapping" in r.stdout and "总计：1 / " in r.stdout
-    r = cli("take", "lesson1", "--only", "q_zero_mapping", stdin="b\n", progress_path=target)
+    r = quiz_cli("take", "lesson1", "--only", "q_zero_mapping", stdin="b\n", progress_file=target)
     one_line_error(r, 0, "progress not recorded")
     assert "✔ Correct" in r.stdout and "Score: 1 / 1" in r.stdout
 
@@ -212,7 +199,9 @@ def test_read_only_folder_prints_results_and_one_line(tmp_path):
 def test_unknown_language_setting_is_one_line(progress_file):
     progress_file.parent.mkdir(parents=True)
     progress_file.write_text(json.dumps({"version": 1, "settings": {"lang": "fr"}, "lessons": {}}))
-    r = cli("take", "lesson1", "--only", "q_zero_mapping", stdin="b\n", progress_path=progress_file)
+    r = quiz_cli(
+        "take", "lesson1", "--only", "q_zero_mapping", stdin="b\n", progress_file=progress_file
+    )
     one_line_error(r, 0, "settings.lang 'fr' is not a language of this course")
     assert "✔ Correct" in r.stdout  # English, the default
     assert quizzes.show("lesson1").lang == "en"
@@ -222,11 +211,11 @@ def test_newer_version_is_refused_not_rewritten(tmp_path, progress_file):
     progress_file.parent.mkdir(parents=True)
     newer = json.dumps({"version": 2, "settings": {}, "lessons": {}, "achievements": ["x"]})
     progress_file.write_text(newer)
-    r = cli(
+    r = quiz_cli(
         "grade",
         answers_file(tmp_path, {"q_zero_mapping": "b"}),
         "--record",
-        progress_path=progress_file,
+        progress_file=progress_file,
     )
     one_line_error(r, 1, "newer version of the course", "not reading or changing it")
     assert "[correct] q_zero_mapping" in r.stdout
@@ -286,19 +275,21 @@ def test_take_counter_agrees_with_header_and_chinese_reprompt(progress_file):
     n = len(graded)
     q = next(q for q in graded if q.type == "single")
     skips = "\n" * graded.index(q)
-    r = cli(
+    r = quiz_cli(
         "take",
         "lesson1",
         "--lang",
         "zh",
         stdin=skips + "zz\n" + q.secret["correct"] + "\n",
-        progress_path=progress_file,
+        progress_file=progress_file,
     )
     assert r.returncode == 0, r.stderr
     assert f"lesson1：{n} 题" in r.stdout
     assert "没有选项 'zz'" in r.stdout and "unknown option" not in r.stdout  # re-prompt in Chinese
     assert "（已跳过）" in r.stdout and "已结束。" in r.stdout and "得分：1 / " in r.stdout
-    r = cli("take", "lesson1", "--lang", "zh", stdin="\n" * len(bank), progress_path=progress_file)
+    r = quiz_cli(
+        "take", "lesson1", "--lang", "zh", stdin="\n" * len(bank), progress_file=progress_file
+    )
     counters = [line.split("]")[0] + "]" for line in r.stdout.splitlines() if line.startswith("[")]
     expected, k = [], 0
     for question in bank:  # graded questions count 1..n, as the header says; exercises are marked
@@ -311,16 +302,16 @@ def test_take_counter_agrees_with_header_and_chinese_reprompt(progress_file):
 
 
 def test_grade_output_in_chinese(tmp_path, progress_file):
-    r = cli(
+    r = quiz_cli(
         "grade",
         answers_file(tmp_path, {"q_zero_mapping": "c", "q_model_state_bytes": "0,8"}, lang="zh"),
-        progress_path=progress_file,
+        progress_file=progress_file,
     )
     one_line_error(r, 2, "comma")  # an answer that cannot be read: nothing graded
-    r = cli(
+    r = quiz_cli(
         "grade",
         answers_file(tmp_path, {"q_zero_mapping": "c", "q_no_shard": "b"}, lang="zh"),
-        progress_path=progress_file,
+        progress_file=progress_file,
     )
     assert r.returncode == 0
     for english in ("[wrong]", "[correct]", "[not answered]", "Total", "correct ("):
@@ -356,7 +347,7 @@ def test_grade_output_in_chinese(tmp_path, progress_file):
 def test_answers_file_problems_are_one_line(tmp_path, progress_file, content, match):
     path = tmp_path / "answers.json"
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
-    r = cli("grade", str(path), progress_path=progress_file)
+    r = quiz_cli("grade", str(path), progress_file=progress_file)
     one_line_error(r, 2, match)
     assert r.stdout == ""
 
@@ -365,7 +356,7 @@ def test_answers_file_size_limit(tmp_path, progress_file):
     path = tmp_path / "big.json"
     big = "x" * 1_200_000
     path.write_text(json.dumps({"lesson": "lesson1", "answers": {"q_full_vs_shard_grad_op": big}}))
-    r = cli("grade", str(path), progress_path=progress_file)
+    r = quiz_cli("grade", str(path), progress_file=progress_file)
     one_line_error(r, 2, "1.2 MB", "at most 1 MB")
 
 
@@ -511,7 +502,7 @@ def test_self_marks_are_kept_apart_from_the_graders(progress_file):
     progress.record("lesson1", progress.Mark("q_full_vs_shard_grad_op", "correct", 1.0))
     s = progress.lesson_summary("lesson1", qids)
     assert (s["correct"], s["self_assessed"]) == (1, 0)  # counted once, as the grader's
-    r = cli("progress", progress_path=progress_file)
+    r = quiz_cli("progress", progress_file=progress_file)
     assert r.returncode == 0 and "self-assessed" in r.stdout
     for bad in [
         {"verdict": "unsure", "graded_by": "self"},
@@ -533,7 +524,7 @@ def test_progress_cli_shows_self_assessed_apart(progress_file):
     progress.record(
         "lesson1", progress.Mark("q_full_vs_shard_grad_op", "correct", graded_by="self")
     )
-    r = cli("progress", progress_path=progress_file)
+    r = quiz_cli("progress", progress_file=progress_file)
     n = len(quizzes.load_bank("lesson1").graded())
     row = next(line for line in r.stdout.splitlines() if line.startswith("lesson1 "))
     # answered, correct, self-assessed
@@ -546,11 +537,11 @@ def test_an_unknown_verdict_in_the_file_is_moved_aside(tmp_path, progress_file):
     progress_file.write_text(
         json.dumps({"version": 1, "lessons": {"lesson1": {"q_zero_mapping": {"verdict": "maybe"}}}})
     )
-    r = cli(
+    r = quiz_cli(
         "grade",
         answers_file(tmp_path, {"q_zero_mapping": "b"}),
         "--record",
-        progress_path=progress_file,
+        progress_file=progress_file,
     )
     one_line_error(r, 0, "moved it to", 'verdict is "maybe"')
 
@@ -619,25 +610,9 @@ def test_take_unsure_asks_the_learner_to_mark_their_answer(
 def test_check_exercise_says_once_why_its_result_is_not_kept(
     tmp_path, progress_file, monkeypatch, capsys
 ):
-    import importlib
+    import demo_checker  # registers the demo checker (lessondemo, ex_square)
 
-    importlib.import_module("demo_checker")  # registers the demo checker (lessondemo, ex_square)
-    authoring = {
-        "lesson": "lessondemo",
-        "title": {"en": "Demo", "zh": "演示"},
-        "questions": [
-            {
-                "id": "ex_square",
-                "type": "code",
-                "prompt": {"en": "Write square(x).", "zh": "编写 square(x)。"},
-                "secret": {},
-            }
-        ],
-    }
-    folder = tmp_path / "banks"
-    folder.mkdir()
-    (folder / "lessondemo.json").write_text(bankmod.dump_bank(bankmod.from_authoring(authoring)))
-    monkeypatch.setenv(bankmod.BANK_PATH_ENV, str(folder))
+    use_bank(demo_checker.BANK, tmp_path / "banks", monkeypatch)
     progress_file.mkdir(parents=True)
     r = quizzes.check_exercise("lessondemo", "ex_square", lambda x: x * x)
     out, err = capsys.readouterr()

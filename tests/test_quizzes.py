@@ -2,20 +2,16 @@
 CLI and widget. Banks added later (lesson2..5) are covered automatically."""
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 import quizzes
+from helpers import quiz_cli
 from quizzes import bank as bankmod
 from quizzes import grading, progress, reader
 from quizzes.bank import BANK_DIR, QuizError
 
-REPO = Path(__file__).resolve().parents[1]
 BANK_FILES = sorted(BANK_DIR.glob("*.json"))
 LESSONS = [p.stem for p in BANK_FILES]
 OFF_TOPIC = {
@@ -577,21 +573,6 @@ def test_widget_says_when_a_self_mark_cannot_be_saved(unsure_quiz, quiz_progress
 
 
 # --- CLI -------------------------------------------------------------------------------------
-
-
-def quiz_cli(*args, stdin="", env_extra=None, progress_file=None):
-    env = dict(os.environ)
-    env[progress.ENV] = str(progress_file)
-    env.update(env_extra or {})
-    return subprocess.run(
-        [sys.executable, "-m", "quizzes", *args],
-        cwd=REPO,
-        env=env,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def quiz_answers_file(tmp_path, lesson, answers, name="answers.json", lang="en"):
