@@ -6,9 +6,10 @@ import argparse
 import json
 import os
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
-from . import claims, corpus, present, progress
+from . import claims, corpus, present, progress, reader
 from .bank import (
     BANK_DIR,
     LANGS,
@@ -113,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SOURCE",
         help="only the answers whose 'source' is SOURCE, each source reported on its own "
         "(repeatable; 'none': the answers without a source)",
+    )
+    r.add_argument(
+        "--rules-only",
+        action="store_true",
+        help="grade by the rules alone, without the second reading (what the rules read)",
     )
     return p
 
@@ -488,6 +494,13 @@ def cmd_report(args) -> int:
     sets = args.sets or [str(root / s) for s in REPORT_SETS if (root / s).is_dir()]
     if not sets:
         raise QuizError("no labelled answer sets found: name a folder of corpus files")
+    if args.rules_only and args.cross_validate:
+        raise QuizError("--rules-only has no second reading to cross-validate")
+    with reader.trained_on({}) if args.rules_only else nullcontext():
+        return _report(sets, args)
+
+
+def _report(sets, args) -> int:
     ok = True
     for s in sets:
         if args.cross_validate:
