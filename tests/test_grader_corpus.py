@@ -43,6 +43,8 @@ PSEUDO_HELDOUT = (
     "heldout round 3",
     "training round 4",
     "training round 5",
+    "training round 7",
+    "training round 8",
 )
 
 
@@ -130,6 +132,12 @@ PSEUDO_HELDOUT_BOUNDS = {
     ),
     "training round 5": dict(
         n=239, wrong_correct=0, correct_wrong=2, right_missed=42, wrong_wrong=110
+    ),
+    "training round 7": dict(
+        n=239, wrong_correct=0, correct_wrong=0, right_missed=55, wrong_wrong=115
+    ),
+    "training round 8": dict(
+        n=240, wrong_correct=0, correct_wrong=0, right_missed=42, wrong_wrong=111
     ),
 }
 
