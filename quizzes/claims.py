@@ -27,10 +27,18 @@ CJK_RE = _CJK_CHAR
 # and contrast words, where a new statement (often about another subject) begins.
 _SENTENCE_END = re.compile(r"(?:[!?;]|\.(?=\s|$))+|[。！？；\n]+")
 _COMMA = r"[,，、]+"
+_DASH_OR_ARROW = r"—+|――+|--|–|->|→|=>|⇒|⟶"
 _CLAUSE_SPLIT = re.compile(
     r"(" + _COMMA + r"|[:()\[\]：（）]+"
+    # a dash between statements ("FSDP has no such step — classic FSDP only ...") and an arrow
+    # between them ("FSDP doesn't -> shards come from different inits": what follows from it); an
+    # arrow between two points in time or two ranks ("fwd->bwd", "rank 0 → 所有 rank") was turned
+    # into "to" / "到" before (_arrows)
+    r"|\s*(?:" + _DASH_OR_ARROW + r"|\s--\s|\s–\s)\s*"
     # "only while it runs", "just because": a condition of the clause, not a new statement
-    r"|(?<!\bonly)(?<!\bjust)\s(?:but|while|whereas|although|though|however|yet|so|because|since|"
+    r"|(?<!\bonly)(?<!\bjust)\s(?:but|while|whereas|although|though|however|yet|"
+    # "so big that ...", "so much that": a degree, not a consequence
+    r"so(?!\s[a-z]+\s(?:that|as)\s)|because|since|"
     r"which|therefore|thus|hence)\s"
     # a connective, not the same character inside a word: 反而 (on the contrary), 而且, 进而, 不但,
     # 否则, 规则 (而 / 但 / 则 alone are 'but' / 'whereas')
@@ -139,13 +147,73 @@ through""".split()
 _ZH_KEYWORD_RUN = re.compile(f"[{CJK}]\\s+[{CJK}]")
 
 
+# The abbreviations learners write, read as the words every bank's phrasings use: "re-AGs them in
+# bwd", "SGO keeps them fwd->bwd", "lowest mem", "per-rank bs". Applied to the answer and to the
+# phrasings alike (a bank that writes "comm" still matches "comm").
+_ABBREVIATIONS = {
+    "fwd": "forward",
+    "bwd": "backward",
+    "ag": "all gather",
+    "ags": "all gathers",
+    "rs": "reduce scatter",
+    "rss": "reduce scatters",
+    "ar": "all reduce",
+    "ars": "all reduces",
+    "sgo": "shard grad op",
+    "mem": "memory",
+    "comm": "communication",
+    "comms": "communication",
+    "bs": "batch size",
+    "proc": "process",
+    "procs": "processes",
+    "ckpt": "checkpoint",
+    "ckpts": "checkpoints",
+}
+_ABBREVIATION_WORD = re.compile(r"(?<![a-z0-9'*])(" + "|".join(_ABBREVIATIONS) + r")(?![a-z0-9'*])")
+
+
+def expand_abbreviations(norm: str) -> str:
+    return _ABBREVIATION_WORD.sub(lambda m: _ABBREVIATIONS[m.group(1)], norm)
+
+
+# A keyword argument is an API name, not a statement: "reshard_after_forward=True/False",
+# "sync_module_states=True", "the reshard_after_forward flag of fully_shard" name a switch; read
+# as words they would state "reshards after forward" or "syncs module states" of whatever subject
+# the clause has. Such a name (lower case, words joined by '_') is bracketed in the normalised
+# text ("⟦reshard after forward⟧=true"): a phrasing read inside the brackets names the switch and
+# states nothing (_read_clause). An upper-case constant (FULL_SHARD=..., LOCAL_RANK) is left as it
+# is: it names a subject.
+_API_NAME = re.compile(
+    r"(?<![A-Za-z0-9_])([a-z][a-z0-9]*(?:_[a-z0-9]+)+)"
+    r"(?=\s*=(?!=)|\s+(?:flag|switch|option|argument|arg|kwarg|parameter|setting)s?\b|\s*(?:开关|参数|选项))"
+)
+
+
+def _api_names(text: str) -> str:
+    return _API_NAME.sub(lambda m: f"{API_OPEN}{m.group(1)}{API_CLOSE}", text)
+
+
+API_OPEN, API_CLOSE = "\u27e6", "\u27e7"
+
+
+def names_api(norm: str, start: int, end: int) -> bool:
+    """Do the words norm[start:end] overlap a keyword argument's name (see _API_NAME)?"""
+    for m in re.finditer(f"{API_OPEN}[^{API_CLOSE}]*{API_CLOSE}", norm):
+        if m.start() < end and start < m.end():
+            return True
+    return False
+
+
 def normalise(text: str) -> str:
     """NFKC (full-width letters become ASCII), lower case, curly quotes straightened, and the
     separators - _ . / inside and between words turned into spaces: 'FULL_SHARD re-shards'
-    -> 'full shard re shards'. Whitespace collapsed."""
-    text = unicodedata.normalize("NFKC", text).lower().replace("\u2019", "'").replace("\u2018", "'")
+    -> 'full shard re shards'. Whitespace collapsed. A keyword argument's name is bracketed
+    ('reshard_after_forward=True' -> '⟦reshard after forward⟧=true'), and the abbreviations
+    learners use are spelled out ('AG' -> 'all gather', 'fwd' -> 'forward')."""
+    text = _api_names(unicodedata.normalize("NFKC", text))
+    text = text.lower().replace("\u2019", "'").replace("\u2018", "'")
     text = re.sub(r"[-_./\\]+", " ", text)
-    return " ".join(text.split())
+    return expand_abbreviations(" ".join(text.split()))
 
 
 @dataclass
@@ -175,10 +243,29 @@ def _calls_as_words(text: str) -> str:
 _ABBREVIATION = re.compile(r"(?<![A-Za-z])(i\.e|e\.g|etc|vs|cf|approx)\.", re.IGNORECASE)
 
 
+# An arrow between two points in time or two ranks says "from ... to": "keeps them fwd->bwd",
+# "fwd→bwd一直持有", "rank 0 → 所有 rank". Any other arrow separates a statement from what follows
+# from it (a clause boundary, _CLAUSE_SPLIT).
+_POINT = (
+    r"(?:fwd|bwd|forward|backward|前向|反向|step|init|rank\s?\d+|all ranks|every rank|each rank|"
+    r"other ranks|the others|所有\s?rank|每个\s?rank|其他\s?rank|别的\s?rank)"
+)
+_POINT_ARROW = re.compile(
+    r"(?i)(?<![A-Za-z0-9])(" + _POINT + r")\s*(?:->|→|=>|⇒|⟶)\s*(?=" + _POINT + r"(?![A-Za-z]))"
+)
+
+
+def _arrows(text: str) -> str:
+    return _POINT_ARROW.sub(
+        lambda m: m.group(1) + ("到" if _CJK_CHAR.search(text[m.end() : m.end() + 2]) else " to "),
+        text,
+    )
+
+
 def sentences(text: str) -> list:
     """The answer's sentences, as written (stripped), empty ones dropped. 'i.e.', 'e.g.', 'etc.'
     and 'vs.' end no sentence."""
-    text = _ABBREVIATION.sub(lambda m: m.group(1) + ",", _calls_as_words(text))
+    text = _ABBREVIATION.sub(lambda m: m.group(1) + ",", _arrows(_calls_as_words(text)))
     return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
 
 
@@ -198,7 +285,7 @@ def clauses(text: str) -> list:
                         s,
                         norm,
                         piece,
-                        bool(sep and re.fullmatch(_COMMA + "|[:：]", sep.strip())),
+                        bool(sep and re.fullmatch(_COMMA + "|[:：]|" + _DASH_OR_ARROW, sep.strip())),
                         depth > 0,
                         closed if depth == 0 else None,
                         (sep or "").strip().lower(),
@@ -370,6 +457,8 @@ def _is_ascii_word(ch: str) -> bool:
 # 省 ... 通信
 _TRADE = (
     r"\s?at the (?:cost|expense) of|\sin (?:exchange|return) for|\sin trade for|代价|费|换取|换来"
+    # "pays extra communication for lower memory": what is bought for it
+    r"|\sfor (?:a |)(?:lower|less|more|higher|fewer|smaller|larger|bigger|extra|cheaper)(?![a-z])"
 )
 _GAP = r"(?:(?!\sand\s|" + _TRADE + r")[^\n]){0,40}?"
 
@@ -381,6 +470,7 @@ def compile_phrase(phrase: str) -> re.Pattern:
     from those in the gaps ('params are not freed': 'not' sits in the gap)."""
     if phrase.startswith("re:"):
         return re.compile(phrase[3:])
+    phrase = expand_abbreviations(phrase)
     counter = [0]
 
     def literal(run: str) -> str:
@@ -479,7 +569,11 @@ def phrase_error(phrase: str) -> str | None:
 # negation: "skips the reduce-scatter" denies the reduce-scatter, not the rest of the clause.
 _NEG_REACH_WORDS, _NEG_REACH_CJK = 3, 2
 _NEG_QUANTIFIER_EN = re.compile(r"(?<![a-z0-9])(?:no|none of|neither)(?![a-z0-9])")
-_NEG_QUANTIFIER_ZH = re.compile(r"没有哪个|没有任何|没有一个|并非所有|不是所有|不是每个")
+_NEG_QUANTIFIER_ZH = re.compile(
+    r"没有哪个|没有任何|没有一个|并非所有|不是所有|不是每个"
+    # "通信也不会有什么额外开销": no ... whatsoever
+    r"|(?:不会|并不会|并没|没)\s?有\s?(?:什么|任何|多少)|没什么|不存在"
+)
 
 
 def _zh_negations(clause: str) -> list:
@@ -490,14 +584,26 @@ def _zh_negations(clause: str) -> list:
         if word in _NOT_NEG_ZH or any(start in r for r in skip):
             continue
         if word in _NEG_ZH_WORDS or (word[0] in _NEG_ZH_HEADS and _CJK_CHAR.match(word[0])):
-            # a word that only ends in 不X (放不下, 加载不了) is a denial after the verb: _NEG_AFTER
-            out.append((start, start + 1 if word[0] in _NEG_ZH_HEADS else end, word in _OMIT_ZH))
+            if sum(ch in "不没无未非" for ch in word) == 2 and word not in _NEG_ZH_WORDS:
+                continue  # 不能不, 不得不, 不会不: a double negation says it must
+            # a word that only ends in 不X (放不下, 加载不了) is a denial after the verb: _NEG_AFTER;
+            # inside a word of _NEG_ZH_WORDS (用不着, 犯不着) the cue is its 不, which a phrasing
+            # that starts at 用 does not swallow
+            head = next((i for i, ch in enumerate(word) if ch in "不没无未非"), 0)
+            if word[0] in _NEG_ZH_HEADS:
+                out.append((start, start + 1, word in _OMIT_ZH))
+            else:
+                out.append((start + head, end, word in _OMIT_ZH))
     return out
 
 
 def negation_cues(clause: str) -> list:
     """[(start, end, reaches_whole_clause)] of the negation cues in a normalised clause."""
     cues = [(m.start(), m.end(), False) for m in _NEG_EN.finditer(clause)]
+    # "neither A nor B broadcasts": one denial, not two that cancel out
+    neither = re.search(r"(?<![a-z0-9])neither(?![a-z0-9])", clause)
+    if neither:
+        cues = [c for c in cues if not (c[0] > neither.start() and clause[c[0] : c[1]] == "nor")]
     quantifiers = {m.start() for m in _NEG_QUANTIFIER_EN.finditer(clause)} | {
         m.start() for m in _NEG_QUANTIFIER_ZH.finditer(clause)
     }
@@ -511,6 +617,31 @@ _CONDITION_NEXT = re.compile(r"\s(?:when|if|unless|for|in case)(?![a-z])|\s?(?:�
 _CAUSATIVE = re.compile(r"\s?(?:会|能|)\s?(?:让|使|令|叫)|\s?(?:let|make|allow|have|cause)s?\s")
 
 
+# A Chinese negation denies the verb after the adverbs and the prepositional phrase in front of
+# it: "不会在前向之后继续持有" (does not keep, after forward), "不在前向后释放", "没有把优化器放在另
+# 一份拷贝上", "不会像整个模型那么大". Those words do not count towards its reach; another verb in
+# between still ends it ("梯度不分片会多占显存" does not deny 多占显存).
+_ZH_ADVERBS = (
+    r"(?:\s?(?:会|能|要|该|应该|需要|用|再|还|就|都|也|是|有|一直|继续|马上|立刻|立即|直接|再次|"
+    r"重新|必|总|总是|一定|真的|完全|根本|曾)\s?)*"
+)
+_ZH_PREPOSITION = re.compile(
+    r"(?:在|从|于|等到|直到|到|像|跟|和|与|比)[^,，]{1,10}?"
+    r"(?:之后|以后|之前|以前|后|前|时|的时候|时候|期间|里|中|内|上|那么|这么|那样|一样|似的)"
+    r"|(?:把|将|被|给|对)\s?(?:[\u4e00-\u9fff]{1,4}|[a-z0-9 ]{1,20}?)(?=\s?[\u4e00-\u9fff]|\s?[a-z]+$)"
+)
+
+
+def _zh_scope(between: str) -> str:
+    """What is left between a Chinese negation and a phrasing once the adverbs and one
+    prepositional phrase in front of the verb are taken out."""
+    rest = re.sub("^" + _ZH_ADVERBS, "", between)
+    m = _ZH_PREPOSITION.match(rest)
+    if m:
+        rest = re.sub("^" + _ZH_ADVERBS, "", rest[m.end() :])
+    return rest
+
+
 def _reaches(clause: str, cue_end: int, start: int) -> bool:
     between = clause[cue_end:start]
     if _CAUSATIVE.match(
@@ -518,7 +649,15 @@ def _reaches(clause: str, cue_end: int, start: int) -> bool:
     ):  # "不会让每个 rank 保留 ...", "does not let each rank keep ...": all of it
         return True
     words = len(re.findall(r"[a-z0-9']+", between))
-    return words <= _NEG_REACH_WORDS and len(_CJK_CHAR.findall(between)) <= _NEG_REACH_CJK
+    if words <= _NEG_REACH_WORDS and len(_CJK_CHAR.findall(between)) <= _NEG_REACH_CJK:
+        return True
+    if not _CJK_CHAR.search(clause[max(0, cue_end - 1) : cue_end + 1]):
+        return False
+    rest = _zh_scope(between)
+    return (
+        len(re.findall(r"[a-z0-9']+", rest)) <= _NEG_REACH_WORDS
+        and len(_CJK_CHAR.findall(rest)) <= _NEG_REACH_CJK
+    )
 
 
 @dataclass
@@ -615,6 +754,24 @@ _NEG_AFTER = re.compile(
 )
 
 
+# a condition between a negation and the statement: the negation denies the verdict before it
+_CONDITION_BETWEEN = re.compile(r"\s(?:when|if|whenever|once|in case)\s|当|如果|要是")
+# a denial that states a condition, then a denial of what follows without it: "without X you
+# can't Y", "没有 X 就没法 Y"
+_WITHOUT = re.compile(r"(?<![a-z0-9])(?:without|with no)(?![a-z0-9])|没有(?!把|在|被|将)")
+_THEN_NOT = re.compile(r"(?:就|也|便|都|还)\s?$")
+
+
+def _without_then_not(clause: str, cue: int, end: int) -> bool:
+    if not _WITHOUT.match(clause, cue):
+        return False
+    chinese = bool(_CJK_CHAR.match(clause, cue))
+    return any(
+        c >= end and (not chinese or _THEN_NOT.search(clause[max(end, c - 3) : c]))
+        for c, _, _ in negation_cues(clause)
+    )
+
+
 def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
     """True when the statement is affirmed, False when denied (odd number of cues)."""
     literal = [
@@ -632,11 +789,16 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
             # "costs 4P instead of 4P/N of memory": 'instead of' inside the phrasing takes its own
             # object
             continue
-        if _CONDITION_NEXT.match(clause, c_end):
-            # "not when the gradient doesn't fit": it denies the verdict, not the condition
+        if _CONDITION_NEXT.match(clause, c_end) or _CONDITION_BETWEEN.search(clause, c_end, target):
+            # "not when the gradient doesn't fit", "skip it when the full grad won't fit": it
+            # denies the verdict, not what the condition says
             continue
         cues.append(c)
     after = _NEG_AFTER.match(clause, match.end())
+    if cues and _without_then_not(clause, cues[0], match.end()):
+        # "without DCP's metadata you can't load it on another world size", "没有 DCP 的元数据就
+        # 没法换 world size 加载": what the first denial takes away, the second says is needed
+        cues.pop(0)
     # a verb that undoes its object denies it: "DDP overwrites each rank's own init" says the own
     # init is not kept, so "nothing overwrites each rank's own init" (没有任何东西覆盖) says it is
     undone = any(
@@ -679,13 +841,34 @@ _CONDITION_AFTER = re.compile(
 )
 
 
+def _unless(clause: str, match: re.Match, mentions: list) -> bool:
+    """A statement denied until its subject is named after 'unless' is affirmed of that subject:
+    "the shards aren't loadable into another world size unless they were saved with DCP"."""
+    after = [m for m in mentions if m.start >= match.end() and not m.comparand]
+    if not after or any(m.end <= match.start() and not m.comparand for m in mentions):
+        return False
+    return bool(re.search(r"(?<![a-z])unless(?![a-z])|除非", clause[match.end() : after[0].start]))
+
+
+def _splits_negated_word(clause: str, m: re.Match) -> bool:
+    """A Chinese phrasing that starts with a negation character and ends inside a word: '不同'
+    ("different") in 不同步 ("not in sync", jieba: 不 / 同步)."""
+    text = m.group(0)
+    if not text or text[0] not in _NEG_ZH_HEADS or not _CJK_CHAR.match(text[-1]):
+        return False
+    return any(start < m.end() < end for _, start, end in zh_words(clause))
+
+
 def _find(clause: str, phrasings: list):
     """The leftmost, then longest, match of any phrasing: it takes in the most of the statement
     (so '省掉 ... reduce scatter' wins over 'k 1 ... reduce scatter' and 省掉 is read as a word
     of the claim, not as a negation of it)."""
     best = None
     for p in phrasings:
-        m = compile_phrase(p).search(clause)
+        m = next(
+            (x for x in compile_phrase(p).finditer(clause) if not _splits_negated_word(clause, x)),
+            None,
+        )
         if m and (best is None or (m.start(), -m.end()) < (best.start(), -best.end())):
             best = m
     return best
@@ -782,6 +965,14 @@ def _read_clause(
             ):
                 # another form of this claim reads these words first (or reads more of them)
                 continue
+            if names_api(norm, m.start(), m.end()):
+                # "In FSDP2 that's the reshard_after_forward=True/False switch": a name
+                accounted = True
+                trace.append(
+                    f"[{norm}] {claim['id']}#{f_index + 1} {m.group(0)!r} names an API: read, "
+                    "states nothing"
+                )
+                continue
             if _ROLE_BEFORE.search(norm[: m.start()]) or _ROLE_AFTER.match(norm, m.end()):
                 accounted = True
                 trace.append(
@@ -807,7 +998,7 @@ def _read_clause(
                 # a form about the topic at large does not read a clause about a subject with
                 # claims of its own
                 continue
-            affirmed = _polarity(norm, m, anchor)
+            affirmed = _polarity(norm, m, anchor) ^ _unless(norm, m, mentions)
             swapped = subject is not None and subject == rival
             # each of denial, a form true only when denied, and the rival subject flips it
             true = affirmed ^ bool(form.get("negated")) ^ swapped
@@ -859,6 +1050,10 @@ def _read_clause(
         m = _find(norm, _phrasings(mis["says"]))
         if not m:
             continue
+        if names_api(norm, m.start(), m.end()):
+            trace.append(f"[{norm}] misconception {mis['id']} {m.group(0)!r} names an API: read")
+            accounted = True
+            continue
         subject, anchor, _ = resolve_subject(mentions, m.start(), m.end(), inherited)
         if mis.get("subject") and subject != mis["subject"]:
             continue
@@ -886,7 +1081,7 @@ def _read_clause(
 
 
 _REMEDY = re.compile(
-    r"(?:the |to |)(?:fix|fixes|solution|solutions|remedy|workaround|you can fix|"
+    r"(?:and |also |so |then |)(?:the |to |)(?:fix|fixes|solution|solutions|remedy|workaround|you can fix|"
     r"to avoid)(?![a-z])|修法|解决|修复|办法|改法|正确做法"
 )
 _COUNTERFACTUAL = re.compile(
