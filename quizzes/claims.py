@@ -27,14 +27,18 @@ CJK_RE = _CJK_CHAR
 # and contrast words, where a new statement (often about another subject) begins.
 _SENTENCE_END = re.compile(r"(?:[!?;]|\.(?=\s|$))+|[。！？；\n]+")
 _COMMA = r"[,，、]+"
-_DASH_OR_ARROW = r"—+|――+|--|–|->|→|=>|⇒|⟶"
+_DASH = r"—+|――+|--|–"
+# An arrow between statements ("FSDP doesn't -> shards come from different inits") says what
+# follows from the first: it stays inside the clause (a phrasing may read across it: "量小 →
+# 跨节点也没关系"), as " → ", and no negation reaches across it (_AND)
+_ARROW = re.compile(r"\s*(?:->|=>|→|⇒|⟶)\s*")
 _CLAUSE_SPLIT = re.compile(
     r"(" + _COMMA + r"|[:()\[\]：（）]+"
     # a dash between statements ("FSDP has no such step — classic FSDP only ...") and an arrow
     # between them ("FSDP doesn't -> shards come from different inits": what follows from it); an
     # arrow between two points in time or two ranks ("fwd->bwd", "rank 0 → 所有 rank") was turned
     # into "to" / "到" before (_arrows)
-    r"|\s*(?:" + _DASH_OR_ARROW + r"|\s--\s|\s–\s)\s*"
+    r"|\s*(?:" + _DASH + r"|\s--\s|\s–\s)\s*"
     # "only while it runs", "just because": a condition of the clause, not a new statement
     r"|(?<!\bonly)(?<!\bjust)\s(?:but|while|whereas|although|though|however|yet|"
     # "so big that ...", "so much that": a degree, not a consequence
@@ -210,7 +214,7 @@ def normalise(text: str) -> str:
     -> 'full shard re shards'. Whitespace collapsed. A keyword argument's name is bracketed
     ('reshard_after_forward=True' -> '⟦reshard after forward⟧=true'), and the abbreviations
     learners use are spelled out ('AG' -> 'all gather', 'fwd' -> 'forward')."""
-    text = _api_names(unicodedata.normalize("NFKC", text))
+    text = _ARROW.sub(" \u2192 ", _api_names(unicodedata.normalize("NFKC", text)))
     text = text.lower().replace("\u2019", "'").replace("\u2018", "'")
     text = re.sub(r"[-_./\\]+", " ", text)
     return expand_abbreviations(" ".join(text.split()))
@@ -285,7 +289,7 @@ def clauses(text: str) -> list:
                         s,
                         norm,
                         piece,
-                        bool(sep and re.fullmatch(_COMMA + "|[:：]|" + _DASH_OR_ARROW, sep.strip())),
+                        bool(sep and re.fullmatch(_COMMA + "|[:：]|" + _DASH, sep.strip())),
                         depth > 0,
                         closed if depth == 0 else None,
                         (sep or "").strip().lower(),
@@ -742,7 +746,7 @@ def _phrasings(says: dict) -> list:
 
 # A negation before "and" belongs to the statement before it: "the other ranks never join and it
 # deadlocks" does not deny the deadlock.
-_AND = re.compile(r"\sand\s|并且|并")
+_AND = re.compile(r"\sand\s|并且|并|\u2192")
 # Denials that follow the verb: Chinese potential complements (加载不了 cannot load, 放不下) and
 # English 'X is disabled'.
 _NEG_AFTER = re.compile(
@@ -835,6 +839,11 @@ _CONDITION_BEFORE = re.compile(
 # a modal inside the phrasing makes it a requirement, not a state: "then one rank must hold the
 # entire model" (what a full state dict needs) does not say that a rank holds it
 _MODAL = re.compile(r"(?<![a-z])(?:must|would|has to|have to|will have to)(?![a-z])|必须")
+# ... and so does a requirement right before it: "it needs one rank to have room for the entire
+# model", "还要一个 rank 能装下整个模型"
+_REQUIREMENT_BEFORE = re.compile(
+    r"(?<![a-z])(?:needs?|requires?|must|has to|have to|needs? to)\s$|(?:需要|要|得|必须)\s?$"
+)
 _CONDITION_AFTER = re.compile(
     r"\s?(?:还|就|也|)\s?(?:需要|要|得|必须|离不开)|\s(?:needs?|requires?|you need|you must|must|"
     r"only works with)(?![a-z0-9])"
@@ -985,6 +994,7 @@ def _read_clause(
                 or _CONDITION_BEFORE.search(norm[: m.start()])
                 or _CONDITION_AFTER.match(norm, m.end())
                 or _MODAL.search(m.group(0))
+                or _REQUIREMENT_BEFORE.search(norm[: m.start()])
             ):
                 accounted = True
                 # "to load on another world size, you need ...", "换 world size 加载还需要元数据":
