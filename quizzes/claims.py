@@ -464,7 +464,12 @@ _TRADE = (
     # "pays extra communication for lower memory": what is bought for it
     r"|\sfor (?:a |)(?:lower|less|more|higher|fewer|smaller|larger|bigger|extra|cheaper)(?![a-z])"
 )
-_GAP = r"(?:(?!\sand\s|" + _TRADE + r")[^\n]){0,40}?"
+# ... nor past the comparative that is the predicate of the word before the gap, in terse Chinese
+# ("显存低通信多": 低 is what is said of 显存, so "显存 ... 多" is not read across it)
+_GAP = (
+    r"(?:|(?!更?[低高少多大小省快慢]\s?(?:通信|通讯|显存|内存|带宽|速度|开销|延迟|峰值|计算))"
+    r"(?:(?!\sand\s|" + _TRADE + r")[^\n]){1,40}?)"
+)
 
 
 @lru_cache(maxsize=4096)
@@ -783,6 +788,10 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
     ]
     cues = []
     for c, c_end, whole in negation_cues(clause):
+        if c < anchor and clause.startswith("neither", c) and "nor" in clause[c:match.start()].split():
+            # "neither classic FSDP nor fully_shard broadcasts": it stands before the subjects
+            cues.append(c)
+            continue
         if not anchor <= c < match.end() or any(a <= c < b for a, b in literal):
             continue
         # the words it denies: the next literal of the phrasing (a cue in a gap) or the phrasing
@@ -799,7 +808,18 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
             continue
         cues.append(c)
     after = _NEG_AFTER.match(clause, match.end())
-    if cues and _without_then_not(clause, cues[0], match.end()):
+    before_subject = [
+        w
+        for w in _WITHOUT.finditer(clause, 0, anchor)
+        if w.end() <= anchor
+        and len(re.findall(r"[a-z0-9']+", clause[w.end() : anchor])) <= 3
+        and len(_CJK_CHAR.findall(clause[w.end() : anchor])) <= 6
+    ]
+    if before_subject and cues and cues[-1] >= anchor:
+        # "没有 DCP 的元数据就没法换 world size 加载": the subject is what "without" takes away,
+        # and the denial after it says it is needed
+        cues.pop()
+    elif cues and _without_then_not(clause, cues[0], match.end()):
         # "without DCP's metadata you can't load it on another world size", "没有 DCP 的元数据就
         # 没法换 world size 加载": what the first denial takes away, the second says is needed
         cues.pop(0)
@@ -942,6 +962,19 @@ def is_topical(clause: str, secret: dict) -> bool:
     return any(compile_phrase(p).search(clause) for p in _topic_phrasings(secret) + COURSE_TERMS)
 
 
+def _noun_phrase(matched: str) -> bool:
+    """English words with no verb among them, ending on a noun ('latency', 'complete gradient',
+    'full grad'): a form that is only a noun phrase names a thing; denying it ("a rank can't hold
+    one complete gradient") denies what is done with it, not the claim it stands for."""
+    words = matched.strip().split()
+    if not words or not all(re.fullmatch(r"[a-z]+", w) for w in words) or len(words) > 3:
+        return False
+    if len(words) == 1:
+        return _bare_noun(words[0])
+    last = en_lemmas(words[-1])
+    return ("NOUN" in last or not last) and not carries_verb(" ".join(words))
+
+
 def _bare_noun(matched: str) -> bool:
     """One English word that is a noun and no verb (lemminflect): 'latency', 'overhead'."""
     if not re.fullmatch(r"[a-z]+", matched.strip()):
@@ -1025,7 +1058,7 @@ def _read_clause(
                 )
                 accounted = True
                 continue
-            if not true and not affirmed and not want and _bare_noun(m.group(0)):
+            if not true and not affirmed and not want and _noun_phrase(m.group(0)):
                 # a form that is a bare noun ('latency', 'overhead') names a topic; denying the
                 # noun ("not dominated by latency") does not deny the claim it stands for
                 trace.append(
