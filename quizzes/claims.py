@@ -862,7 +862,8 @@ _MODAL = re.compile(r"(?<![a-z])(?:must|would|has to|have to|will have to)(?![a-
 # ... and so does a requirement right before it: "it needs one rank to have room for the entire
 # model", "还要一个 rank 能装下整个模型"
 _REQUIREMENT_BEFORE = re.compile(
-    r"(?<![a-z])(?:needs?|requires?|must|has to|have to|needs? to)\s$|(?:需要|要|得|必须)\s?$"
+    r"(?<![a-z])(?:needs?|requires?|must|has to|have to)\s(?:one |a |each |every |the |some |)$"
+    r"|(?:需要|要|得|必须)\s?$"
 )
 _CONDITION_AFTER = re.compile(
     r"\s?(?:还|就|也|)\s?(?:需要|要|得|必须|离不开)|\s(?:needs?|requires?|you need|you must|must|"
