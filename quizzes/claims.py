@@ -125,7 +125,8 @@ _NOT_NEG_ZH = {
     "不变",
 }
 # 未分片 is "unsharded", one adjective
-_NOT_NEG_ZH_RE = re.compile(r"未\s?分片|非分片|是不是|要不要|能不能|会不会")
+# 要不 / 要么 ... 要不: "or else", no denial
+_NOT_NEG_ZH_RE = re.compile(r"未\s?分片|非分片|是不是|要不要|能不能|会不会|要不(?!要)")
 # Verbs of omission reach their object anywhere in the clause ("省去了反向时的第二次 all-gather").
 _OMIT_ZH = {"避免", "阻止", "防止", "跳过", "省去", "省掉", "免去"}
 
@@ -973,7 +974,11 @@ def _noun_phrase(matched: str) -> bool:
     if len(words) == 1:
         return _bare_noun(words[0])
     last = en_lemmas(words[-1])
-    return ("NOUN" in last or not last) and not carries_verb(" ".join(words))
+    # every word a noun or an adjective ('complete' is both): 'reduce memory' is a verb phrase
+    nominal = all(
+        not en_lemmas(w) or {"NOUN", "ADJ", "PROPN"} & set(en_lemmas(w)) for w in words
+    )
+    return nominal and ("NOUN" in last or not last) and not carries_verb(" ".join(words))
 
 
 def _bare_noun(matched: str) -> bool:

@@ -1502,7 +1502,7 @@ def test_double_negations_and_conditions():
     assert "differs" not in mini("FSDP 不切也不同步这些 buffer。").supported
     assert "differs" in mini("每个 rank 的统计量不同。").supported
     # a noun phrase denied: what is denied is holding it, not the claim it names
-    r = mini("Skip it when a rank can't hold one complete gradient.")
+    r = mini("Skip it when a rank can't hold one full gradient.")
     assert not r.misconceptions
     # 用不着: the cue is its 不, inside the phrasing's gap
     r = mini("FSDP2 用不着副本。")
