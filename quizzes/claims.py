@@ -990,7 +990,14 @@ def _bare_noun(matched: str) -> bool:
 
 
 def _read_clause(
-    norm: str, secret: dict, subjects: dict, owners: set, inherited, trace: list, stated=None
+    norm: str,
+    secret: dict,
+    subjects: dict,
+    owners: set,
+    inherited,
+    trace: list,
+    stated=None,
+    inherited_here=False,
 ) -> tuple:
     """([(kind, key, message)], accounted?) for one clause. kind: 'supports' (key = claim id),
     'wrong' (key = (id, form index, which); message = what is true instead), 'neutral'."""
@@ -1051,6 +1058,24 @@ def _read_clause(
             swapped = subject is not None and subject == rival
             # each of denial, a form true only when denied, and the rival subject flips it
             true = affirmed ^ bool(form.get("negated")) ^ swapped
+            if (
+                not true
+                and not want
+                and not named
+                and inherited_here
+                and subject is not None
+                and subject != rival
+            ):
+                # a form about the topic at large, denied of a subject of the question that this
+                # sentence named before ("用 DCP 就没这些问题：…，不用把整个模型收集到
+                # 一个 rank 上"): it says what that subject does not need, not that the topic's
+                # claim is false
+                trace.append(
+                    f"[{norm}] {claim['id']}#{f_index + 1} {m.group(0)!r} denied of {subject}, "
+                    "named before in the sentence: read, not credited"
+                )
+                accounted = True
+                continue
             if (
                 true
                 and swapped
@@ -1221,6 +1246,7 @@ def read_answer(text: str, secret: dict) -> Reading:
                 reading.misconceptions.append((key[0], message, quote))
 
     inherited, prev_inherited, unread, read_sentences = None, None, [], set()
+    inherited_sentence = None  # the sentence that named the subject carried over
     last_stated = []  # (claim, form, form index, subject) the last clause that stated one stated
     # a sentence of remedies ("Fixes: a broadcast before wrapping", "修法就是 ...") says what to do,
     # not what the subjects named before it do
@@ -1240,7 +1266,8 @@ def read_answer(text: str, secret: dict) -> Reading:
             reason = "a keyword list" if c.sentence in lists else "no verb in its sentence"
             reading.trace.append(f"[{c.norm}] {reason}: not read")
             named = [m for m in subject_mentions(c.norm, subjects) if not m.comparand]
-            inherited = named[-1].name if named else inherited
+            if named:
+                inherited, inherited_sentence = named[-1].name, c.sentence
             continue
         # a side remark in brackets, or a clause about both ("两者都...", "both keep ...",
         # "neither"), takes no subject from before it
@@ -1254,7 +1281,14 @@ def read_answer(text: str, secret: dict) -> Reading:
         norm = c.norm[cf.end() :] if cf else c.norm
         stated_here = []
         events, accounted = _read_clause(
-            norm, secret, subjects, owners, clause_inherited, reading.trace, stated_here
+            norm,
+            secret,
+            subjects,
+            owners,
+            clause_inherited,
+            reading.trace,
+            stated_here,
+            inherited_here=inherited_sentence == c.sentence,
         )
         prev = all_clauses[i - 1] if i else None
         if c.opener in ("which", "who") and prev is not None and prev.sentence == c.sentence:
@@ -1356,7 +1390,7 @@ def read_answer(text: str, secret: dict) -> Reading:
         named = [m for m in subject_mentions(c.norm, subjects) if not m.comparand]
         prev_inherited = clause_inherited
         if named:
-            inherited = named[-1].name
+            inherited, inherited_sentence = named[-1].name, c.sentence
     # a sentence is read when one of its clauses was: its other clauses elaborate on what it says
     # (a false one among them is still a misconception); a sentence about the topic of which no
     # clause could be read is unread

@@ -1517,3 +1517,13 @@ def test_double_negations_and_conditions():
 def test_a_requirement_before_a_negated_form_states_nothing():
     r = read("A full state dict needs one rank to hold the whole model in memory.")
     assert not r.misconceptions
+
+
+def test_a_topic_form_denied_of_a_subject_named_in_the_sentence_is_no_misconception():
+    mini = lambda text: claims.read_answer(text, MINI)  # noqa: E731
+    # what DCP does not need, said of DCP named before the colon
+    r = mini("用 DCP 就没这些问题：每个 rank 写自己的那份，不会持有完整梯度。")
+    assert not r.misconceptions, r.trace
+    # said on its own, the denial is still a misconception
+    r = mini("用 DCP 就没这些问题。不会持有完整梯度。")
+    assert [m[0] for m in r.misconceptions] == ["full_grad"], r.trace
