@@ -1172,7 +1172,9 @@ _BOTH = re.compile(
 # a sentence that announces what the answer is about, not a fact: "the difference is ...",
 # "what differs is ...", "it's a memory-versus-communication choice", "区别在于 ...", "本质上是 ..."
 _FRAME = re.compile(
-    r"^(?:the (?:main |key |real |whole |)(?:difference|point|question|idea|crux) (?:is|lies)|"
+    # a hedge before it changes nothing: "I believe it's about ...", "我理解区别在于 ..."
+    r"^(?:(?:i think|i believe|i guess|basically|我理解|我觉得|我认为)\s?,?\s?)?"
+    r"(?:the (?:main |key |real |whole |)(?:difference|point|question|idea|crux) (?:is|lies)|"
     r"(?:the two|they|both) (?:only |)differ (?:only |)(?:in|by)|(?:差别|区别|不同之处)(?:只|)在|"
     r"what (?:differs|matters|changes) is|it'?\s?s (?:all |)(?:about|a [a-z ]{0,30}(?:choice|"
     r"trade ?off|trade|deal|exchange))|it is (?:all |)(?:about|a [a-z ]{0,30}(?:choice|trade ?off|"
@@ -1180,7 +1182,9 @@ _FRAME = re.compile(
     r"其实|说白了|简单说)(?:就|)是"
     # what the answer depends on: "it depends on the batch", "看每张卡上的 batch 大不大"
     r"|(?:it |that |this |)(?:all |)depends on|取决于"
-    r"|(?:这|)(?:主要|)(?:要|得|就|)看(?!到|见|出|起来))"
+    r"|(?:这|)(?:主要|)(?:要|得|就|)看(?!到|见|出|起来)"
+    # "关键在广播", "关键就差在一次广播"
+    r"|(?:关键|核心|重点|区别|差别)(?:就|)差?在(?!于))"
 )
 _ELLIPSIS = re.compile(
     r"^(?:(?:but |while |whereas |and |)(.+?) (?:does not|doesn'?\s?t|do not|don'?\s?t|"
@@ -1188,8 +1192,18 @@ _ELLIPSIS = re.compile(
 )
 
 
+# a short sentence that names the trade and nothing else: "It's a memory-vs-communication knob",
+# "no_sync is a memory-for-communication swap", "本质上是拿显存换通信"
+_RESOURCE = r"(?:memory|communication|compute|computation|speed|time|bandwidth|traffic|显存|内存|通信|计算|时间|速度|带宽)"
+_TRADE_FRAME = re.compile(
+    _RESOURCE + r"\s?(?:vs|versus|for|against|换取|换来|换|对)\s?" + _RESOURCE + r"(?![a-z])"
+)
+
+
 def _framing(sentence: str, subjects: dict) -> bool:
     norm = normalise(sentence)
+    if _TRADE_FRAME.search(norm) and word_count(norm) <= 12:
+        return True
     rest = _FRAME.match(norm)
     return (
         bool(rest) and not subject_mentions(norm, subjects) and word_count(norm[rest.end() :]) <= 20

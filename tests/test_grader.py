@@ -1527,3 +1527,18 @@ def test_a_topic_form_denied_of_a_subject_named_in_the_sentence_is_no_misconcept
     # said on its own, the denial is still a misconception
     r = mini("用 DCP 就没这些问题。不会持有完整梯度。")
     assert [m[0] for m in r.misconceptions] == ["full_grad"], r.trace
+
+
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        "It's a memory-vs-communication knob.",
+        "So SHARD_GRAD_OP is a memory-for-communication swap.",
+        "后者本质上是拿显存换通信。",
+        "I believe it's about the peak memory.",
+        "关键就差在一次广播。",
+    ],
+)
+def test_frames_fresh_writers_use_are_read_and_credit_nothing(sentence):
+    r = read("FULL_SHARD frees the parameters after forward. " + sentence)
+    assert not r.unread and not r.misconceptions and set(r.supported) == {"frees"}, r.trace
