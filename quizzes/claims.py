@@ -989,6 +989,28 @@ def _bare_noun(matched: str) -> bool:
     return "NOUN" in lemmas and "VERB" not in lemmas
 
 
+_PERSONAL = re.compile(r"^(?:you|your|yourself|we|us|the user|i|你|你自己|我们|自己|用户)$")
+# words before a phrasing that leave the clause without an agent of its own
+_NO_AGENT = re.compile(
+    r"^(?:and|also|then|so|but|or|just|still|only|even|already|always|usually|simply|really|"
+    r"you|your|we|也|还|就|并|并且|而且|另外|然后|同时|再|都|只|会|要|得|可以|需要|必须|自己|你|我们)$"
+)
+
+
+def _personal(phrasings) -> bool:
+    """Is this subject the person addressed ('you', '你')?"""
+    return any(_PERSONAL.match(p) for p in phrasings)
+
+
+def _own_agent(before: str) -> bool:
+    """Do the words before a phrasing name an agent other than the person addressed ("torchrun
+    writes", "it doesn't create", "torchrun 在每个节点上")?"""
+    words = re.findall(r"[a-z0-9']+|[\u4e00-\u9fff]+", before)
+    zh = [w for w, _, _ in zh_words(before) if _CJK_CHAR.search(w)]
+    tokens = [w for w in words if not _CJK_CHAR.search(w)] + zh
+    return any(not _NO_AGENT.match(t) and not re.fullmatch(r"don'?t|do|not|n't|no", t) for t in tokens)
+
+
 def _read_clause(
     norm: str,
     secret: dict,
@@ -1047,6 +1069,11 @@ def _read_clause(
                 # a purpose or a condition, not a statement that it works
                 continue
             subject, anchor, named = resolve_subject(mentions, m.start(), m.end(), inherited)
+            if not named and _personal(subjects.get(subject, ())) and _own_agent(norm[: m.start()]):
+                # "You don't pass ranks yourself: torchrun writes RANK ...", "... it doesn't create
+                # the process group for you": the clause names its own agent (a name, 'it'); the
+                # person addressed before is not carried over to it
+                subject = None
             want, rival = form.get("subject"), form.get("rival")
             if want and (subject is None or subject not in (want, rival)):
                 continue  # a statement about something else (or about nobody named)

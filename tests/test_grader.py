@@ -1542,3 +1542,37 @@ def test_a_topic_form_denied_of_a_subject_named_in_the_sentence_is_no_misconcept
 def test_frames_fresh_writers_use_are_read_and_credit_nothing(sentence):
     r = read("FULL_SHARD frees the parameters after forward. " + sentence)
     assert not r.unread and not r.misconceptions and set(r.supported) == {"frees"}, r.trace
+
+
+PERSON = {
+    "subjects": {"YOU": _bi(["you", "yourself"], ["你", "你自己"])},
+    "claims": [
+        {
+            "id": "env",
+            "label": _bi("the launcher sets RANK", "启动器设置 RANK"),
+            "forms": [
+                {
+                    "rival": "YOU",
+                    "says": _bi(["(set*|writ*) ... rank"], ["(设置|写) ... rank"]),
+                    "wrong": _bi("the launcher sets it", "由启动器设置"),
+                    "swapped": _bi("the launcher sets it, not you", "是启动器设置的，不是你"),
+                }
+            ],
+        }
+    ],
+    "topic": _bi(["rank*"], ["rank"]),
+    "reference": _bi("ref", "参考"),
+}
+
+
+def test_the_person_addressed_is_not_carried_over_to_a_clause_with_its_own_agent():
+    person = lambda text: claims.read_answer(text, PERSON)  # noqa: E731
+    for text in (
+        "You don't compute anything yourself: torchrun writes RANK into the environment.",
+        "你不用自己算。torchrun 在每个节点上给每个进程设置 RANK。",
+    ):
+        r = person(text)
+        assert "env" in r.supported and not r.misconceptions, r.trace
+    # named in the clause, or carried over to a clause with no agent of its own: still the person
+    assert [m[0] for m in person("You set RANK yourself.").misconceptions] == ["env"]
+    assert [m[0] for m in person("You start the job, and then set RANK.").misconceptions] == ["env"]
