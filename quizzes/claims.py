@@ -717,8 +717,10 @@ def resolve_subject(mentions: list, start: int, end: int, inherited):
     if before:
         return before[-1].name, before[-1].end, True
     inside = [m for m in mentions if m.start < end and m.end > start and not m.comparand]
-    if inside:  # the phrasing names its subject itself ("DCP stores the metadata")
-        return inside[0].name, start, True
+    if inside:  # the phrasing names its subject itself ("DCP stores the metadata"); a denial
+        # right before it denies it ("不用自己手动传 rank"), "without DCP's metadata" is a
+        # condition (_polarity)
+        return inside[0].name, -1 - start, True
     after = [m for m in mentions if m.start >= end and not m.comparand]
     if after:
         return after[0].name, 0, True
@@ -783,7 +785,21 @@ def _without_then_not(clause: str, cue: int, end: int) -> bool:
 
 
 def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
-    """True when the statement is affirmed, False when denied (odd number of cues)."""
+    """True when the statement is affirmed, False when denied (odd number of cues). A negative
+    anchor (-1 - start): the subject is named inside the phrasing, which starts at `start`; a
+    denial right before it counts, unless it is "without" (a condition)."""
+    if anchor < 0:
+        start = -1 - anchor
+        anchor = start
+        for c, c_end, _ in negation_cues(clause):
+            between = clause[c_end:start]
+            if (
+                c < start
+                and not _WITHOUT.match(clause, c)
+                and len(re.findall(r"[a-z0-9']+", between)) <= 1
+                and len(_CJK_CHAR.findall(between)) <= 1
+            ):
+                anchor = c
     literal = [
         match.span(g) for g in match.re.groupindex if g.startswith("lit") and match.span(g)[0] >= 0
     ]

@@ -1576,3 +1576,17 @@ def test_the_person_addressed_is_not_carried_over_to_a_clause_with_its_own_agent
     # named in the clause, or carried over to a clause with no agent of its own: still the person
     assert [m[0] for m in person("You set RANK yourself.").misconceptions] == ["env"]
     assert [m[0] for m in person("You start the job, and then set RANK.").misconceptions] == ["env"]
+
+
+def test_a_denial_right_before_a_phrasing_that_names_its_subject_denies_it():
+    secret = copy.deepcopy(PERSON)
+    secret["misconceptions"] = [
+        {
+            "id": "manual",
+            "says": _bi(["you (set|pass) ... yourself"], ["自己手动传"]),
+            "wrong": _bi("the launcher passes it", "启动器会传"),
+        }
+    ]
+    assert not claims.read_answer("不用自己手动传 rank，torchrun 会设置 RANK。", secret).misconceptions
+    r = claims.read_answer("要自己手动传 rank。", secret)
+    assert [m[0] for m in r.misconceptions] == ["manual"]
