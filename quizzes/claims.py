@@ -596,9 +596,9 @@ def _zh_negations(clause: str) -> list:
         if word in _NEG_ZH_WORDS or (word[0] in _NEG_ZH_HEADS and _CJK_CHAR.match(word[0])):
             if sum(ch in "不没无未非" for ch in word) == 2 and word not in _NEG_ZH_WORDS:
                 continue  # 不能不, 不得不, 不会不: a double negation says it must
-            # a word that only ends in 不X (放不下, 加载不了) is a denial after the verb: _NEG_AFTER;
-            # inside a word of _NEG_ZH_WORDS (用不着, 犯不着) the cue is its 不, which a phrasing
-            # that starts at 用 does not swallow
+            # a word that only ends in 不X (放不下, 加载不了) is a denial after the verb
+            # (_NEG_AFTER); inside a word of _NEG_ZH_WORDS (用不着, 犯不着) the cue is its 不,
+            # which a phrasing that starts at 用 does not swallow
             head = next((i for i, ch in enumerate(word) if ch in "不没无未非"), 0)
             if word[0] in _NEG_ZH_HEADS:
                 out.append((start, start + 1, word in _OMIT_ZH))
@@ -638,7 +638,8 @@ _ZH_ADVERBS = (
 _ZH_PREPOSITION = re.compile(
     r"(?:在|从|于|等到|直到|到|像|跟|和|与|比)[^,，]{1,10}?"
     r"(?:之后|以后|之前|以前|后|前|时|的时候|时候|期间|里|中|内|上|那么|这么|那样|一样|似的)"
-    r"|(?:把|将|被|给|对)\s?(?:[\u4e00-\u9fff]{1,4}|[a-z0-9 ]{1,20}?)(?=\s?[\u4e00-\u9fff]|\s?[a-z]+$)"
+    r"|(?:把|将|被|给|对)\s?(?:[\u4e00-\u9fff]{1,4}|[a-z0-9 ]{1,20}?)"
+    r"(?=\s?[\u4e00-\u9fff]|\s?[a-z]+$)"
 )
 
 
@@ -805,7 +806,11 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
     ]
     cues = []
     for c, c_end, whole in negation_cues(clause):
-        if c < anchor and clause.startswith("neither", c) and "nor" in clause[c:match.start()].split():
+        if (
+            c < anchor
+            and clause.startswith("neither", c)
+            and "nor" in clause[c : match.start()].split()
+        ):
             # "neither classic FSDP nor fully_shard broadcasts": it stands before the subjects
             cues.append(c)
             continue
@@ -991,9 +996,7 @@ def _noun_phrase(matched: str) -> bool:
         return _bare_noun(words[0])
     last = en_lemmas(words[-1])
     # every word a noun or an adjective ('complete' is both): 'reduce memory' is a verb phrase
-    nominal = all(
-        not en_lemmas(w) or {"NOUN", "ADJ", "PROPN"} & set(en_lemmas(w)) for w in words
-    )
+    nominal = all(not en_lemmas(w) or {"NOUN", "ADJ", "PROPN"} & set(en_lemmas(w)) for w in words)
     return nominal and ("NOUN" in last or not last) and not carries_verb(" ".join(words))
 
 
@@ -1024,7 +1027,9 @@ def _own_agent(before: str) -> bool:
     words = re.findall(r"[a-z0-9']+|[\u4e00-\u9fff]+", before)
     zh = [w for w, _, _ in zh_words(before) if _CJK_CHAR.search(w)]
     tokens = [w for w in words if not _CJK_CHAR.search(w)] + zh
-    return any(not _NO_AGENT.match(t) and not re.fullmatch(r"don'?t|do|not|n't|no", t) for t in tokens)
+    return any(
+        not _NO_AGENT.match(t) and not re.fullmatch(r"don'?t|do|not|n't|no", t) for t in tokens
+    )
 
 
 def _read_clause(
@@ -1198,8 +1203,8 @@ def _read_clause(
 
 
 _REMEDY = re.compile(
-    r"(?:and |also |so |then |)(?:the |to |)(?:fix|fixes|solution|solutions|remedy|workaround|you can fix|"
-    r"to avoid)(?![a-z])|修法|解决|修复|办法|改法|正确做法"
+    r"(?:and |also |so |then |)(?:the |to |)(?:fix|fixes|solution|solutions|remedy|workaround|"
+    r"you can fix|to avoid)(?![a-z])|修法|解决|修复|办法|改法|正确做法"
 )
 _COUNTERFACTUAL = re.compile(
     r"(?:if (?:you |we |one |)(?:do not|don't|dont|didn't|never|skip)|if not|without|with no|"
@@ -1237,7 +1242,10 @@ _ELLIPSIS = re.compile(
 
 # a short sentence that names the trade and nothing else: "It's a memory-vs-communication knob",
 # "no_sync is a memory-for-communication swap", "本质上是拿显存换通信"
-_RESOURCE = r"(?:memory|communication|compute|computation|speed|time|bandwidth|traffic|显存|内存|通信|计算|时间|速度|带宽)"
+_RESOURCE = (
+    r"(?:memory|communication|compute|computation|speed|time|bandwidth|traffic|"
+    r"显存|内存|通信|计算|时间|速度|带宽)"
+)
 _TRADE_FRAME = re.compile(
     _RESOURCE + r"\s?(?:vs|versus|for|against|换取|换来|换|对)\s?" + _RESOURCE + r"(?![a-z])"
 )

@@ -1587,6 +1587,8 @@ def test_a_denial_right_before_a_phrasing_that_names_its_subject_denies_it():
             "wrong": _bi("the launcher passes it", "启动器会传"),
         }
     ]
-    assert not claims.read_answer("不用自己手动传 rank，torchrun 会设置 RANK。", secret).misconceptions
+    assert not claims.read_answer(
+        "不用自己手动传 rank，torchrun 会设置 RANK。", secret
+    ).misconceptions
     r = claims.read_answer("要自己手动传 rank。", secret)
     assert [m[0] for m in r.misconceptions] == ["manual"]
