@@ -149,6 +149,7 @@ one both his her our your this that these those more less no nothing some any to
 with for after before until once twice again everything by inside within across between
 through""".split()
 )
+_LOCATIVE = {"on", "inside", "within", "across", "over", "between", "through", "in", "at"}
 _ZH_KEYWORD_RUN = re.compile(f"[{CJK}]\\s+[{CJK}]")
 
 
@@ -345,6 +346,10 @@ def _is_verb_form(words: list, i: int) -> bool:
     if verb and i and _plural_noun(prev):
         # a base form after a plural noun: 'the all-gathers happen inside', 'gradients stay sharded'
         return "NOUN" not in lemmas or nxt in _OBJECT_START
+    if verb and i >= 3 and "NOUN" in en_lemmas(prev) and nxt in _LOCATIVE and i + 2 < len(words):
+        # a base form after two things named together, then where: 'AG/RS stay on NVLink inside
+        # the node' (the '/' is gone: 'all gather reduce scatter stay on ...')
+        return True
     if not lemmas:  # a word lemminflect does not know: a course verb with an ending ('resharded')
         if w.startswith("un") and w.endswith("ed"):
             return False  # 'unsharded': an adjective

@@ -1431,6 +1431,13 @@ def test_abbreviations_are_read_as_the_words_phrasings_use():
     assert claims.normalise("a bag of rags") == "a bag of rags"  # whole words only
 
 
+def test_a_verb_after_two_collectives_named_together():
+    assert claims.carries_verb(claims.normalise("AG/RS stay on fast NVLink inside the node"))
+    assert claims.keyword_list(
+        "peak memory, one block at a time, prefetch, overlap, reshard after use"
+    )
+
+
 def test_a_keyword_argument_names_a_switch_and_states_nothing():
     # read as words, 'reshard_params=False' would state that SHARD_GRAD_OP reshards the params
     r = read("In FSDP2 SHARD_GRAD_OP is reshard_params=False.")
