@@ -27,10 +27,22 @@ CJK_RE = _CJK_CHAR
 # and contrast words, where a new statement (often about another subject) begins.
 _SENTENCE_END = re.compile(r"(?:[!?;]|\.(?=\s|$))+|[。！？；\n]+")
 _COMMA = r"[,，、]+"
+_DASH = r"—+|――+|--|–"
+# An arrow between statements ("FSDP doesn't -> shards come from different inits") says what
+# follows from the first: it stays inside the clause (a phrasing may read across it: "量小 →
+# 跨节点也没关系"), as " → ", and no negation reaches across it (_AND)
+_ARROW = re.compile(r"\s*(?:->|=>|→|⇒|⟶)\s*")
 _CLAUSE_SPLIT = re.compile(
     r"(" + _COMMA + r"|[:()\[\]：（）]+"
+    # a dash between statements ("FSDP has no such step — classic FSDP only ...") and an arrow
+    # between them ("FSDP doesn't -> shards come from different inits": what follows from it); an
+    # arrow between two points in time or two ranks ("fwd->bwd", "rank 0 → 所有 rank") was turned
+    # into "to" / "到" before (_arrows)
+    r"|\s*(?:" + _DASH + r"|\s--\s|\s–\s)\s*"
     # "only while it runs", "just because": a condition of the clause, not a new statement
-    r"|(?<!\bonly)(?<!\bjust)\s(?:but|while|whereas|although|though|however|yet|so|because|since|"
+    r"|(?<!\bonly)(?<!\bjust)\s(?:but|while|whereas|although|though|however|yet|"
+    # "so big that ...", "so much that": a degree, not a consequence
+    r"so(?!\s[a-z]+\s(?:that|as)\s)|because|since|"
     r"which|therefore|thus|hence)\s"
     # a connective, not the same character inside a word: 反而 (on the contrary), 而且, 进而, 不但,
     # 否则, 规则 (而 / 但 / 则 alone are 'but' / 'whereas')
@@ -113,7 +125,8 @@ _NOT_NEG_ZH = {
     "不变",
 }
 # 未分片 is "unsharded", one adjective
-_NOT_NEG_ZH_RE = re.compile(r"未\s?分片|非分片|是不是|要不要|能不能|会不会")
+# 要不 / 要么 ... 要不: "or else", no denial
+_NOT_NEG_ZH_RE = re.compile(r"未\s?分片|非分片|是不是|要不要|能不能|会不会|要不(?!要)")
 # Verbs of omission reach their object anywhere in the clause ("省去了反向时的第二次 all-gather").
 _OMIT_ZH = {"避免", "阻止", "防止", "跳过", "省去", "省掉", "免去"}
 
@@ -136,16 +149,77 @@ one both his her our your this that these those more less no nothing some any to
 with for after before until once twice again everything by inside within across between
 through""".split()
 )
+_LOCATIVE = {"on", "inside", "within", "across", "over", "between", "through", "in", "at"}
 _ZH_KEYWORD_RUN = re.compile(f"[{CJK}]\\s+[{CJK}]")
+
+
+# The abbreviations learners write, read as the words every bank's phrasings use: "re-AGs them in
+# bwd", "SGO keeps them fwd->bwd", "lowest mem", "per-rank bs". Applied to the answer and to the
+# phrasings alike (a bank that writes "comm" still matches "comm").
+_ABBREVIATIONS = {
+    "fwd": "forward",
+    "bwd": "backward",
+    "ag": "all gather",
+    "ags": "all gathers",
+    "rs": "reduce scatter",
+    "rss": "reduce scatters",
+    "ar": "all reduce",
+    "ars": "all reduces",
+    "sgo": "shard grad op",
+    "mem": "memory",
+    "comm": "communication",
+    "comms": "communication",
+    "bs": "batch size",
+    "proc": "process",
+    "procs": "processes",
+    "ckpt": "checkpoint",
+    "ckpts": "checkpoints",
+}
+_ABBREVIATION_WORD = re.compile(r"(?<![a-z0-9'*])(" + "|".join(_ABBREVIATIONS) + r")(?![a-z0-9'*])")
+
+
+def expand_abbreviations(norm: str) -> str:
+    return _ABBREVIATION_WORD.sub(lambda m: _ABBREVIATIONS[m.group(1)], norm)
+
+
+# A keyword argument is an API name, not a statement: "reshard_after_forward=True/False",
+# "sync_module_states=True", "the reshard_after_forward flag of fully_shard" name a switch; read
+# as words they would state "reshards after forward" or "syncs module states" of whatever subject
+# the clause has. Such a name (lower case, words joined by '_') is bracketed in the normalised
+# text ("⟦reshard after forward⟧=true"): a phrasing read inside the brackets names the switch and
+# states nothing (_read_clause). An upper-case constant (FULL_SHARD=..., LOCAL_RANK) is left as it
+# is: it names a subject.
+_API_NAME = re.compile(
+    r"(?<![A-Za-z0-9_])([a-z][a-z0-9]*(?:_[a-z0-9]+)+)"
+    r"(?=\s*=(?!=)|\s+(?:flag|switch|option|argument|arg|kwarg|parameter|setting)s?\b|\s*(?:开关|参数|选项))"
+)
+
+
+def _api_names(text: str) -> str:
+    return _API_NAME.sub(lambda m: f"{API_OPEN}{m.group(1)}{API_CLOSE}", text)
+
+
+API_OPEN, API_CLOSE = "\u27e6", "\u27e7"
+
+
+def names_api(norm: str, start: int, end: int) -> bool:
+    """Do the words norm[start:end] overlap a keyword argument's name (see _API_NAME)?"""
+    for m in re.finditer(f"{API_OPEN}[^{API_CLOSE}]*{API_CLOSE}", norm):
+        if m.start() < end and start < m.end():
+            return True
+    return False
 
 
 def normalise(text: str) -> str:
     """NFKC (full-width letters become ASCII), lower case, curly quotes straightened, and the
     separators - _ . / inside and between words turned into spaces: 'FULL_SHARD re-shards'
-    -> 'full shard re shards'. Whitespace collapsed."""
-    text = unicodedata.normalize("NFKC", text).lower().replace("\u2019", "'").replace("\u2018", "'")
+    -> 'full shard re shards'. Whitespace collapsed. A keyword argument's name is bracketed
+    ('reshard_after_forward=True' -> '⟦reshard after forward⟧=true'), and the abbreviations
+    learners use are spelled out ('AG' -> 'all gather', 'fwd' -> 'forward')."""
+    text = _ARROW.sub(" \u2192 ", _api_names(unicodedata.normalize("NFKC", text)))
+    text = text.lower().replace("\u2019", "'").replace("\u2018", "'")
     text = re.sub(r"[-_./\\]+", " ", text)
-    return " ".join(text.split())
+    return expand_abbreviations(" ".join(text.split()))
 
 
 @dataclass
@@ -175,10 +249,29 @@ def _calls_as_words(text: str) -> str:
 _ABBREVIATION = re.compile(r"(?<![A-Za-z])(i\.e|e\.g|etc|vs|cf|approx)\.", re.IGNORECASE)
 
 
+# An arrow between two points in time or two ranks says "from ... to": "keeps them fwd->bwd",
+# "fwd→bwd一直持有", "rank 0 → 所有 rank". Any other arrow separates a statement from what follows
+# from it (a clause boundary, _CLAUSE_SPLIT).
+_POINT = (
+    r"(?:fwd|bwd|forward|backward|前向|反向|step|init|rank\s?\d+|all ranks|every rank|each rank|"
+    r"other ranks|the others|所有\s?rank|每个\s?rank|其他\s?rank|别的\s?rank)"
+)
+_POINT_ARROW = re.compile(
+    r"(?i)(?<![A-Za-z0-9])(" + _POINT + r")\s*(?:->|→|=>|⇒|⟶)\s*(?=" + _POINT + r"(?![A-Za-z]))"
+)
+
+
+def _arrows(text: str) -> str:
+    return _POINT_ARROW.sub(
+        lambda m: m.group(1) + ("到" if _CJK_CHAR.search(text[m.end() : m.end() + 2]) else " to "),
+        text,
+    )
+
+
 def sentences(text: str) -> list:
     """The answer's sentences, as written (stripped), empty ones dropped. 'i.e.', 'e.g.', 'etc.'
     and 'vs.' end no sentence."""
-    text = _ABBREVIATION.sub(lambda m: m.group(1) + ",", _calls_as_words(text))
+    text = _ABBREVIATION.sub(lambda m: m.group(1) + ",", _arrows(_calls_as_words(text)))
     return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
 
 
@@ -198,7 +291,7 @@ def clauses(text: str) -> list:
                         s,
                         norm,
                         piece,
-                        bool(sep and re.fullmatch(_COMMA + "|[:：]", sep.strip())),
+                        bool(sep and re.fullmatch(_COMMA + "|[:：]|" + _DASH, sep.strip())),
                         depth > 0,
                         closed if depth == 0 else None,
                         (sep or "").strip().lower(),
@@ -253,6 +346,10 @@ def _is_verb_form(words: list, i: int) -> bool:
     if verb and i and _plural_noun(prev):
         # a base form after a plural noun: 'the all-gathers happen inside', 'gradients stay sharded'
         return "NOUN" not in lemmas or nxt in _OBJECT_START
+    if verb and i >= 3 and "NOUN" in en_lemmas(prev) and nxt in _LOCATIVE and i + 2 < len(words):
+        # a base form after two things named together, then where: 'AG/RS stay on NVLink inside
+        # the node' (the '/' is gone: 'all gather reduce scatter stay on ...')
+        return True
     if not lemmas:  # a word lemminflect does not know: a course verb with an ending ('resharded')
         if w.startswith("un") and w.endswith("ed"):
             return False  # 'unsharded': an adjective
@@ -370,8 +467,15 @@ def _is_ascii_word(ch: str) -> bool:
 # 省 ... 通信
 _TRADE = (
     r"\s?at the (?:cost|expense) of|\sin (?:exchange|return) for|\sin trade for|代价|费|换取|换来"
+    # "pays extra communication for lower memory": what is bought for it
+    r"|\sfor (?:a |)(?:lower|less|more|higher|fewer|smaller|larger|bigger|extra|cheaper)(?![a-z])"
 )
-_GAP = r"(?:(?!\sand\s|" + _TRADE + r")[^\n]){0,40}?"
+# ... nor past the comparative that is the predicate of the word before the gap, in terse Chinese
+# ("显存低通信多": 低 is what is said of 显存, so "显存 ... 多" is not read across it)
+_GAP = (
+    r"(?:|(?!更?[低高少多大小省快慢]\s?(?:通信|通讯|显存|内存|带宽|速度|开销|延迟|峰值|计算))"
+    r"(?:(?!\sand\s|" + _TRADE + r")[^\n]){1,40}?)"
+)
 
 
 @lru_cache(maxsize=4096)
@@ -381,6 +485,7 @@ def compile_phrase(phrase: str) -> re.Pattern:
     from those in the gaps ('params are not freed': 'not' sits in the gap)."""
     if phrase.startswith("re:"):
         return re.compile(phrase[3:])
+    phrase = expand_abbreviations(phrase)
     counter = [0]
 
     def literal(run: str) -> str:
@@ -479,7 +584,11 @@ def phrase_error(phrase: str) -> str | None:
 # negation: "skips the reduce-scatter" denies the reduce-scatter, not the rest of the clause.
 _NEG_REACH_WORDS, _NEG_REACH_CJK = 3, 2
 _NEG_QUANTIFIER_EN = re.compile(r"(?<![a-z0-9])(?:no|none of|neither)(?![a-z0-9])")
-_NEG_QUANTIFIER_ZH = re.compile(r"没有哪个|没有任何|没有一个|并非所有|不是所有|不是每个")
+_NEG_QUANTIFIER_ZH = re.compile(
+    r"没有哪个|没有任何|没有一个|并非所有|不是所有|不是每个"
+    # "通信也不会有什么额外开销": no ... whatsoever
+    r"|(?:不会|并不会|并没|没)\s?有\s?(?:什么|任何|多少)|没什么|不存在"
+)
 
 
 def _zh_negations(clause: str) -> list:
@@ -490,14 +599,26 @@ def _zh_negations(clause: str) -> list:
         if word in _NOT_NEG_ZH or any(start in r for r in skip):
             continue
         if word in _NEG_ZH_WORDS or (word[0] in _NEG_ZH_HEADS and _CJK_CHAR.match(word[0])):
-            # a word that only ends in 不X (放不下, 加载不了) is a denial after the verb: _NEG_AFTER
-            out.append((start, start + 1 if word[0] in _NEG_ZH_HEADS else end, word in _OMIT_ZH))
+            if sum(ch in "不没无未非" for ch in word) == 2 and word not in _NEG_ZH_WORDS:
+                continue  # 不能不, 不得不, 不会不: a double negation says it must
+            # a word that only ends in 不X (放不下, 加载不了) is a denial after the verb
+            # (_NEG_AFTER); inside a word of _NEG_ZH_WORDS (用不着, 犯不着) the cue is its 不,
+            # which a phrasing that starts at 用 does not swallow
+            head = next((i for i, ch in enumerate(word) if ch in "不没无未非"), 0)
+            if word[0] in _NEG_ZH_HEADS:
+                out.append((start, start + 1, word in _OMIT_ZH))
+            else:
+                out.append((start + head, end, word in _OMIT_ZH))
     return out
 
 
 def negation_cues(clause: str) -> list:
     """[(start, end, reaches_whole_clause)] of the negation cues in a normalised clause."""
     cues = [(m.start(), m.end(), False) for m in _NEG_EN.finditer(clause)]
+    # "neither A nor B broadcasts": one denial, not two that cancel out
+    neither = re.search(r"(?<![a-z0-9])neither(?![a-z0-9])", clause)
+    if neither:
+        cues = [c for c in cues if not (c[0] > neither.start() and clause[c[0] : c[1]] == "nor")]
     quantifiers = {m.start() for m in _NEG_QUANTIFIER_EN.finditer(clause)} | {
         m.start() for m in _NEG_QUANTIFIER_ZH.finditer(clause)
     }
@@ -511,6 +632,32 @@ _CONDITION_NEXT = re.compile(r"\s(?:when|if|unless|for|in case)(?![a-z])|\s?(?:�
 _CAUSATIVE = re.compile(r"\s?(?:会|能|)\s?(?:让|使|令|叫)|\s?(?:let|make|allow|have|cause)s?\s")
 
 
+# A Chinese negation denies the verb after the adverbs and the prepositional phrase in front of
+# it: "不会在前向之后继续持有" (does not keep, after forward), "不在前向后释放", "没有把优化器放在另
+# 一份拷贝上", "不会像整个模型那么大". Those words do not count towards its reach; another verb in
+# between still ends it ("梯度不分片会多占显存" does not deny 多占显存).
+_ZH_ADVERBS = (
+    r"(?:\s?(?:会|能|要|该|应该|需要|用|再|还|就|都|也|是|有|一直|继续|马上|立刻|立即|直接|再次|"
+    r"重新|必|总|总是|一定|真的|完全|根本|曾)\s?)*"
+)
+_ZH_PREPOSITION = re.compile(
+    r"(?:在|从|于|等到|直到|到|像|跟|和|与|比)[^,，]{1,10}?"
+    r"(?:之后|以后|之前|以前|后|前|时|的时候|时候|期间|里|中|内|上|那么|这么|那样|一样|似的)"
+    r"|(?:把|将|被|给|对)\s?(?:[\u4e00-\u9fff]{1,4}|[a-z0-9 ]{1,20}?)"
+    r"(?=\s?[\u4e00-\u9fff]|\s?[a-z]+$)"
+)
+
+
+def _zh_scope(between: str) -> str:
+    """What is left between a Chinese negation and a phrasing once the adverbs and one
+    prepositional phrase in front of the verb are taken out."""
+    rest = re.sub("^" + _ZH_ADVERBS, "", between)
+    m = _ZH_PREPOSITION.match(rest)
+    if m:
+        rest = re.sub("^" + _ZH_ADVERBS, "", rest[m.end() :])
+    return rest
+
+
 def _reaches(clause: str, cue_end: int, start: int) -> bool:
     between = clause[cue_end:start]
     if _CAUSATIVE.match(
@@ -518,7 +665,15 @@ def _reaches(clause: str, cue_end: int, start: int) -> bool:
     ):  # "不会让每个 rank 保留 ...", "does not let each rank keep ...": all of it
         return True
     words = len(re.findall(r"[a-z0-9']+", between))
-    return words <= _NEG_REACH_WORDS and len(_CJK_CHAR.findall(between)) <= _NEG_REACH_CJK
+    if words <= _NEG_REACH_WORDS and len(_CJK_CHAR.findall(between)) <= _NEG_REACH_CJK:
+        return True
+    if not _CJK_CHAR.search(clause[max(0, cue_end - 1) : cue_end + 1]):
+        return False
+    rest = _zh_scope(between)
+    return (
+        len(re.findall(r"[a-z0-9']+", rest)) <= _NEG_REACH_WORDS
+        and len(_CJK_CHAR.findall(rest)) <= _NEG_REACH_CJK
+    )
 
 
 @dataclass
@@ -568,8 +723,10 @@ def resolve_subject(mentions: list, start: int, end: int, inherited):
     if before:
         return before[-1].name, before[-1].end, True
     inside = [m for m in mentions if m.start < end and m.end > start and not m.comparand]
-    if inside:  # the phrasing names its subject itself ("DCP stores the metadata")
-        return inside[0].name, start, True
+    if inside:  # the phrasing names its subject itself ("DCP stores the metadata"); a denial
+        # right before it denies it ("不用自己手动传 rank"), "without DCP's metadata" is a
+        # condition (_polarity)
+        return inside[0].name, -1 - start, True
     after = [m for m in mentions if m.start >= end and not m.comparand]
     if after:
         return after[0].name, 0, True
@@ -603,7 +760,7 @@ def _phrasings(says: dict) -> list:
 
 # A negation before "and" belongs to the statement before it: "the other ranks never join and it
 # deadlocks" does not deny the deadlock.
-_AND = re.compile(r"\sand\s|并且|并")
+_AND = re.compile(r"\sand\s|并且|并|\u2192")
 # Denials that follow the verb: Chinese potential complements (加载不了 cannot load, 放不下) and
 # English 'X is disabled'.
 _NEG_AFTER = re.compile(
@@ -615,13 +772,53 @@ _NEG_AFTER = re.compile(
 )
 
 
+# a condition between a negation and the statement: the negation denies the verdict before it
+_CONDITION_BETWEEN = re.compile(r"\s(?:when|if|whenever|once|in case)\s|当|如果|要是")
+# a denial that states a condition, then a denial of what follows without it: "without X you
+# can't Y", "没有 X 就没法 Y"
+_WITHOUT = re.compile(r"(?<![a-z0-9])(?:without|with no)(?![a-z0-9])|没有(?!把|在|被|将)")
+_THEN_NOT = re.compile(r"(?:就|也|便|都|还)\s?$")
+
+
+def _without_then_not(clause: str, cue: int, end: int) -> bool:
+    if not _WITHOUT.match(clause, cue):
+        return False
+    chinese = bool(_CJK_CHAR.match(clause, cue))
+    return any(
+        c >= end and (not chinese or _THEN_NOT.search(clause[max(end, c - 3) : c]))
+        for c, _, _ in negation_cues(clause)
+    )
+
+
 def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
-    """True when the statement is affirmed, False when denied (odd number of cues)."""
+    """True when the statement is affirmed, False when denied (odd number of cues). A negative
+    anchor (-1 - start): the subject is named inside the phrasing, which starts at `start`; a
+    denial right before it counts, unless it is "without" (a condition)."""
+    if anchor < 0:
+        start = -1 - anchor
+        anchor = start
+        for c, c_end, _ in negation_cues(clause):
+            between = clause[c_end:start]
+            if (
+                c < start
+                and not _WITHOUT.match(clause, c)
+                and len(re.findall(r"[a-z0-9']+", between)) <= 1
+                and len(_CJK_CHAR.findall(between)) <= 1
+            ):
+                anchor = c
     literal = [
         match.span(g) for g in match.re.groupindex if g.startswith("lit") and match.span(g)[0] >= 0
     ]
     cues = []
     for c, c_end, whole in negation_cues(clause):
+        if (
+            c < anchor
+            and clause.startswith("neither", c)
+            and "nor" in clause[c : match.start()].split()
+        ):
+            # "neither classic FSDP nor fully_shard broadcasts": it stands before the subjects
+            cues.append(c)
+            continue
         if not anchor <= c < match.end() or any(a <= c < b for a, b in literal):
             continue
         # the words it denies: the next literal of the phrasing (a cue in a gap) or the phrasing
@@ -632,11 +829,27 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
             # "costs 4P instead of 4P/N of memory": 'instead of' inside the phrasing takes its own
             # object
             continue
-        if _CONDITION_NEXT.match(clause, c_end):
-            # "not when the gradient doesn't fit": it denies the verdict, not the condition
+        if _CONDITION_NEXT.match(clause, c_end) or _CONDITION_BETWEEN.search(clause, c_end, target):
+            # "not when the gradient doesn't fit", "skip it when the full grad won't fit": it
+            # denies the verdict, not what the condition says
             continue
         cues.append(c)
     after = _NEG_AFTER.match(clause, match.end())
+    before_subject = [
+        w
+        for w in _WITHOUT.finditer(clause, 0, anchor)
+        if w.end() <= anchor
+        and len(re.findall(r"[a-z0-9']+", clause[w.end() : anchor])) <= 3
+        and len(_CJK_CHAR.findall(clause[w.end() : anchor])) <= 6
+    ]
+    if before_subject and cues and cues[-1] >= anchor:
+        # "没有 DCP 的元数据就没法换 world size 加载": the subject is what "without" takes away,
+        # and the denial after it says it is needed
+        cues.pop()
+    elif cues and _without_then_not(clause, cues[0], match.end()):
+        # "without DCP's metadata you can't load it on another world size", "没有 DCP 的元数据就
+        # 没法换 world size 加载": what the first denial takes away, the second says is needed
+        cues.pop(0)
     # a verb that undoes its object denies it: "DDP overwrites each rank's own init" says the own
     # init is not kept, so "nothing overwrites each rank's own init" (没有任何东西覆盖) says it is
     undone = any(
@@ -673,10 +886,34 @@ _CONDITION_BEFORE = re.compile(
 # a modal inside the phrasing makes it a requirement, not a state: "then one rank must hold the
 # entire model" (what a full state dict needs) does not say that a rank holds it
 _MODAL = re.compile(r"(?<![a-z])(?:must|would|has to|have to|will have to)(?![a-z])|必须")
+# ... and so does a requirement right before it: "it needs one rank to have room for the entire
+# model", "还要一个 rank 能装下整个模型"
+_REQUIREMENT_BEFORE = re.compile(
+    r"(?<![a-z])(?:needs?|requires?|must|has to|have to)\s(?:one |a |each |every |the |some |)$"
+    r"|(?:需要|要|得|必须)\s?$"
+)
 _CONDITION_AFTER = re.compile(
     r"\s?(?:还|就|也|)\s?(?:需要|要|得|必须|离不开)|\s(?:needs?|requires?|you need|you must|must|"
     r"only works with)(?![a-z0-9])"
 )
+
+
+def _unless(clause: str, match: re.Match, mentions: list) -> bool:
+    """A statement denied until its subject is named after 'unless' is affirmed of that subject:
+    "the shards aren't loadable into another world size unless they were saved with DCP"."""
+    after = [m for m in mentions if m.start >= match.end() and not m.comparand]
+    if not after or any(m.end <= match.start() and not m.comparand for m in mentions):
+        return False
+    return bool(re.search(r"(?<![a-z])unless(?![a-z])|除非", clause[match.end() : after[0].start]))
+
+
+def _splits_negated_word(clause: str, m: re.Match) -> bool:
+    """A Chinese phrasing that starts with a negation character and ends inside a word: '不同'
+    ("different") in 不同步 ("not in sync", jieba: 不 / 同步)."""
+    text = m.group(0)
+    if not text or text[0] not in _NEG_ZH_HEADS or not _CJK_CHAR.match(text[-1]):
+        return False
+    return any(start < m.end() < end for _, start, end in zh_words(clause))
 
 
 def _find(clause: str, phrasings: list):
@@ -685,7 +922,10 @@ def _find(clause: str, phrasings: list):
     of the claim, not as a negation of it)."""
     best = None
     for p in phrasings:
-        m = compile_phrase(p).search(clause)
+        m = next(
+            (x for x in compile_phrase(p).finditer(clause) if not _splits_negated_word(clause, x)),
+            None,
+        )
         if m and (best is None or (m.start(), -m.end()) < (best.start(), -best.end())):
             best = m
     return best
@@ -750,6 +990,21 @@ def is_topical(clause: str, secret: dict) -> bool:
     return any(compile_phrase(p).search(clause) for p in _topic_phrasings(secret) + COURSE_TERMS)
 
 
+def _noun_phrase(matched: str) -> bool:
+    """English words with no verb among them, ending on a noun ('latency', 'complete gradient',
+    'full grad'): a form that is only a noun phrase names a thing; denying it ("a rank can't hold
+    one complete gradient") denies what is done with it, not the claim it stands for."""
+    words = matched.strip().split()
+    if not words or not all(re.fullmatch(r"[a-z]+", w) for w in words) or len(words) > 3:
+        return False
+    if len(words) == 1:
+        return _bare_noun(words[0])
+    last = en_lemmas(words[-1])
+    # every word a noun or an adjective ('complete' is both): 'reduce memory' is a verb phrase
+    nominal = all(not en_lemmas(w) or {"NOUN", "ADJ", "PROPN"} & set(en_lemmas(w)) for w in words)
+    return nominal and ("NOUN" in last or not last) and not carries_verb(" ".join(words))
+
+
 def _bare_noun(matched: str) -> bool:
     """One English word that is a noun and no verb (lemminflect): 'latency', 'overhead'."""
     if not re.fullmatch(r"[a-z]+", matched.strip()):
@@ -758,8 +1013,39 @@ def _bare_noun(matched: str) -> bool:
     return "NOUN" in lemmas and "VERB" not in lemmas
 
 
+_PERSONAL = re.compile(r"^(?:you|your|yourself|we|us|the user|i|你|你自己|我们|自己|用户)$")
+# words before a phrasing that leave the clause without an agent of its own
+_NO_AGENT = re.compile(
+    r"^(?:and|also|then|so|but|or|just|still|only|even|already|always|usually|simply|really|"
+    r"you|your|we|也|还|就|并|并且|而且|另外|然后|同时|再|都|只|会|要|得|可以|需要|必须|自己|你|我们)$"
+)
+
+
+def _personal(phrasings) -> bool:
+    """Is this subject the person addressed ('you', '你')?"""
+    return any(_PERSONAL.match(p) for p in phrasings)
+
+
+def _own_agent(before: str) -> bool:
+    """Do the words before a phrasing name an agent other than the person addressed ("torchrun
+    writes", "it doesn't create", "torchrun 在每个节点上")?"""
+    words = re.findall(r"[a-z0-9']+|[\u4e00-\u9fff]+", before)
+    zh = [w for w, _, _ in zh_words(before) if _CJK_CHAR.search(w)]
+    tokens = [w for w in words if not _CJK_CHAR.search(w)] + zh
+    return any(
+        not _NO_AGENT.match(t) and not re.fullmatch(r"don'?t|do|not|n't|no", t) for t in tokens
+    )
+
+
 def _read_clause(
-    norm: str, secret: dict, subjects: dict, owners: set, inherited, trace: list, stated=None
+    norm: str,
+    secret: dict,
+    subjects: dict,
+    owners: set,
+    inherited,
+    trace: list,
+    stated=None,
+    inherited_here=False,
 ) -> tuple:
     """([(kind, key, message)], accounted?) for one clause. kind: 'supports' (key = claim id),
     'wrong' (key = (id, form index, which); message = what is true instead), 'neutral'."""
@@ -782,6 +1068,14 @@ def _read_clause(
             ):
                 # another form of this claim reads these words first (or reads more of them)
                 continue
+            if names_api(norm, m.start(), m.end()):
+                # "In FSDP2 that's the reshard_after_forward=True/False switch": a name
+                accounted = True
+                trace.append(
+                    f"[{norm}] {claim['id']}#{f_index + 1} {m.group(0)!r} names an API: read, "
+                    "states nothing"
+                )
+                continue
             if _ROLE_BEFORE.search(norm[: m.start()]) or _ROLE_AFTER.match(norm, m.end()):
                 accounted = True
                 trace.append(
@@ -794,12 +1088,18 @@ def _read_clause(
                 or _CONDITION_BEFORE.search(norm[: m.start()])
                 or _CONDITION_AFTER.match(norm, m.end())
                 or _MODAL.search(m.group(0))
+                or _REQUIREMENT_BEFORE.search(norm[: m.start()])
             ):
                 accounted = True
                 # "to load on another world size, you need ...", "换 world size 加载还需要元数据":
                 # a purpose or a condition, not a statement that it works
                 continue
             subject, anchor, named = resolve_subject(mentions, m.start(), m.end(), inherited)
+            if not named and _personal(subjects.get(subject, ())) and _own_agent(norm[: m.start()]):
+                # "You don't pass ranks yourself: torchrun writes RANK ...", "... it doesn't create
+                # the process group for you": the clause names its own agent (a name, 'it'); the
+                # person addressed before is not carried over to it
+                subject = None
             want, rival = form.get("subject"), form.get("rival")
             if want and (subject is None or subject not in (want, rival)):
                 continue  # a statement about something else (or about nobody named)
@@ -807,10 +1107,28 @@ def _read_clause(
                 # a form about the topic at large does not read a clause about a subject with
                 # claims of its own
                 continue
-            affirmed = _polarity(norm, m, anchor)
+            affirmed = _polarity(norm, m, anchor) ^ _unless(norm, m, mentions)
             swapped = subject is not None and subject == rival
             # each of denial, a form true only when denied, and the rival subject flips it
             true = affirmed ^ bool(form.get("negated")) ^ swapped
+            if (
+                not true
+                and not want
+                and not named
+                and inherited_here
+                and subject is not None
+                and subject != rival
+            ):
+                # a form about the topic at large, denied of a subject of the question that this
+                # sentence named before ("用 DCP 就没这些问题：…，不用把整个模型收集到
+                # 一个 rank 上"): it says what that subject does not need, not that the topic's
+                # claim is false
+                trace.append(
+                    f"[{norm}] {claim['id']}#{f_index + 1} {m.group(0)!r} denied of {subject}, "
+                    "named before in the sentence: read, not credited"
+                )
+                accounted = True
+                continue
             if (
                 true
                 and swapped
@@ -824,7 +1142,7 @@ def _read_clause(
                 )
                 accounted = True
                 continue
-            if not true and not affirmed and not want and _bare_noun(m.group(0)):
+            if not true and not affirmed and not want and _noun_phrase(m.group(0)):
                 # a form that is a bare noun ('latency', 'overhead') names a topic; denying the
                 # noun ("not dominated by latency") does not deny the claim it stands for
                 trace.append(
@@ -859,6 +1177,10 @@ def _read_clause(
         m = _find(norm, _phrasings(mis["says"]))
         if not m:
             continue
+        if names_api(norm, m.start(), m.end()):
+            trace.append(f"[{norm}] misconception {mis['id']} {m.group(0)!r} names an API: read")
+            accounted = True
+            continue
         subject, anchor, _ = resolve_subject(mentions, m.start(), m.end(), inherited)
         if mis.get("subject") and subject != mis["subject"]:
             continue
@@ -886,8 +1208,8 @@ def _read_clause(
 
 
 _REMEDY = re.compile(
-    r"(?:the |to |)(?:fix|fixes|solution|solutions|remedy|workaround|you can fix|"
-    r"to avoid)(?![a-z])|修法|解决|修复|办法|改法|正确做法"
+    r"(?:and |also |so |then |)(?:the |to |)(?:fix|fixes|solution|solutions|remedy|workaround|"
+    r"you can fix|to avoid)(?![a-z])|修法|解决|修复|办法|改法|正确做法"
 )
 _COUNTERFACTUAL = re.compile(
     r"(?:if (?:you |we |one |)(?:do not|don't|dont|didn't|never|skip)|if not|without|with no|"
@@ -903,7 +1225,9 @@ _BOTH = re.compile(
 # a sentence that announces what the answer is about, not a fact: "the difference is ...",
 # "what differs is ...", "it's a memory-versus-communication choice", "区别在于 ...", "本质上是 ..."
 _FRAME = re.compile(
-    r"^(?:the (?:main |key |real |whole |)(?:difference|point|question|idea|crux) (?:is|lies)|"
+    # a hedge before it changes nothing: "I believe it's about ...", "我理解区别在于 ..."
+    r"^(?:(?:i think|i believe|i guess|basically|我理解|我觉得|我认为)\s?,?\s?)?"
+    r"(?:the (?:main |key |real |whole |)(?:difference|point|question|idea|crux) (?:is|lies)|"
     r"(?:the two|they|both) (?:only |)differ (?:only |)(?:in|by)|(?:差别|区别|不同之处)(?:只|)在|"
     r"what (?:differs|matters|changes) is|it'?\s?s (?:all |)(?:about|a [a-z ]{0,30}(?:choice|"
     r"trade ?off|trade|deal|exchange))|it is (?:all |)(?:about|a [a-z ]{0,30}(?:choice|trade ?off|"
@@ -911,7 +1235,9 @@ _FRAME = re.compile(
     r"其实|说白了|简单说)(?:就|)是"
     # what the answer depends on: "it depends on the batch", "看每张卡上的 batch 大不大"
     r"|(?:it |that |this |)(?:all |)depends on|取决于"
-    r"|(?:这|)(?:主要|)(?:要|得|就|)看(?!到|见|出|起来))"
+    r"|(?:这|)(?:主要|)(?:要|得|就|)看(?!到|见|出|起来)"
+    # "关键在广播", "关键就差在一次广播"
+    r"|(?:关键|核心|重点|区别|差别)(?:就|)差?在(?!于))"
 )
 _ELLIPSIS = re.compile(
     r"^(?:(?:but |while |whereas |and |)(.+?) (?:does not|doesn'?\s?t|do not|don'?\s?t|"
@@ -919,8 +1245,21 @@ _ELLIPSIS = re.compile(
 )
 
 
+# a short sentence that names the trade and nothing else: "It's a memory-vs-communication knob",
+# "no_sync is a memory-for-communication swap", "本质上是拿显存换通信"
+_RESOURCE = (
+    r"(?:memory|communication|compute|computation|speed|time|bandwidth|traffic|"
+    r"显存|内存|通信|计算|时间|速度|带宽)"
+)
+_TRADE_FRAME = re.compile(
+    _RESOURCE + r"\s?(?:vs|versus|for|against|换取|换来|换|对)\s?" + _RESOURCE + r"(?![a-z])"
+)
+
+
 def _framing(sentence: str, subjects: dict) -> bool:
     norm = normalise(sentence)
+    if _TRADE_FRAME.search(norm) and word_count(norm) <= 12:
+        return True
     rest = _FRAME.match(norm)
     return (
         bool(rest) and not subject_mentions(norm, subjects) and word_count(norm[rest.end() :]) <= 20
@@ -977,6 +1316,7 @@ def read_answer(text: str, secret: dict) -> Reading:
                 reading.misconceptions.append((key[0], message, quote))
 
     inherited, prev_inherited, unread, read_sentences = None, None, [], set()
+    inherited_sentence = None  # the sentence that named the subject carried over
     last_stated = []  # (claim, form, form index, subject) the last clause that stated one stated
     # a sentence of remedies ("Fixes: a broadcast before wrapping", "修法就是 ...") says what to do,
     # not what the subjects named before it do
@@ -996,7 +1336,8 @@ def read_answer(text: str, secret: dict) -> Reading:
             reason = "a keyword list" if c.sentence in lists else "no verb in its sentence"
             reading.trace.append(f"[{c.norm}] {reason}: not read")
             named = [m for m in subject_mentions(c.norm, subjects) if not m.comparand]
-            inherited = named[-1].name if named else inherited
+            if named:
+                inherited, inherited_sentence = named[-1].name, c.sentence
             continue
         # a side remark in brackets, or a clause about both ("两者都...", "both keep ...",
         # "neither"), takes no subject from before it
@@ -1010,7 +1351,14 @@ def read_answer(text: str, secret: dict) -> Reading:
         norm = c.norm[cf.end() :] if cf else c.norm
         stated_here = []
         events, accounted = _read_clause(
-            norm, secret, subjects, owners, clause_inherited, reading.trace, stated_here
+            norm,
+            secret,
+            subjects,
+            owners,
+            clause_inherited,
+            reading.trace,
+            stated_here,
+            inherited_here=inherited_sentence == c.sentence,
         )
         prev = all_clauses[i - 1] if i else None
         if c.opener in ("which", "who") and prev is not None and prev.sentence == c.sentence:
@@ -1112,7 +1460,7 @@ def read_answer(text: str, secret: dict) -> Reading:
         named = [m for m in subject_mentions(c.norm, subjects) if not m.comparand]
         prev_inherited = clause_inherited
         if named:
-            inherited = named[-1].name
+            inherited, inherited_sentence = named[-1].name, c.sentence
     # a sentence is read when one of its clauses was: its other clauses elaborate on what it says
     # (a false one among them is still a misconception); a sentence about the topic of which no
     # clause could be read is unread

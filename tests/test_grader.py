@@ -1374,3 +1374,227 @@ def test_bn_sync_side_remarks_and_what_it_depends_on_are_read(lang, text):
 def test_torchrun_side_remarks_are_read_and_the_swap_still_caught(lang, text, verdict):
     r = quizzes.grade("lesson0", "q_torchrun_setup", text, lang)
     assert r.verdict == verdict, r.details
+
+
+# --- how fresh writers write: abbreviations, API names, arrows, negation scope --------------------
+
+MINI = {
+    "subjects": {"DCP": _bi(["dcp"], ["dcp"]), "FSDP": _bi(["fsdp"], ["fsdp"])},
+    "claims": [
+        {
+            "id": "differs",
+            "label": _bi("local statistics differ", "本地统计量不同"),
+            "forms": [{"says": _bi(["differ*"], ["不同"]), "wrong": _bi("they differ", "不同")}],
+        },
+        {
+            "id": "full_grad",
+            "label": _bi("it holds the full gradient", "它持有完整梯度"),
+            "forms": [
+                {
+                    "says": _bi(["(full|complete) grad*"], ["完整梯度"]),
+                    "wrong": _bi("it holds the full gradient", "它持有完整梯度"),
+                }
+            ],
+        },
+        {
+            "id": "copy",
+            "label": _bi("it needs a copy", "它需要副本"),
+            "forms": [
+                {"says": _bi(["need* ... copy"], ["用 ... 副本"]), "wrong": _bi("it does", "要")}
+            ],
+        },
+        {
+            "id": "metadata",
+            "label": _bi("DCP's metadata allows resharding", "DCP 的元数据允许换布局"),
+            "forms": [
+                {
+                    "subject": "DCP",
+                    "says": _bi(["(metadata|load* ... another world size)"], ["元数据"]),
+                    "wrong": _bi("DCP's metadata is what allows it", "正是 DCP 的元数据"),
+                }
+            ],
+        },
+    ],
+    "topic": _bi(["grad*", "copy", "metadata"], ["梯度", "副本", "元数据"]),
+    "reference": _bi("ref", "参考"),
+}
+
+
+def test_abbreviations_are_read_as_the_words_phrasings_use():
+    norm = claims.normalise("SGO keeps params fwd->bwd: 1 AG, 2 AGs, an RS, an AR, lowest mem")
+    for words in ("shard grad op", "forward", "backward", "1 all gather", "2 all gathers"):
+        assert words in norm
+    assert "reduce scatter" in norm and "all reduce" in norm and "lowest memory" in norm
+    assert "memory" in read("SGO uses more mem than FULL_SHARD.").supported
+    # a bank that writes the abbreviation still matches the answer that spells it out
+    assert claims.compile_phrase("more mem").search(claims.normalise("it uses more memory"))
+    assert claims.normalise("a bag of rags") == "a bag of rags"  # whole words only
+
+
+def test_a_verb_after_two_collectives_named_together():
+    assert claims.carries_verb(claims.normalise("AG/RS stay on fast NVLink inside the node"))
+    # a noun phrase is not a verb: 'one block at a time'
+    assert not claims._is_verb_form("one block at a time".split(), 1)
+
+
+def test_a_keyword_argument_names_a_switch_and_states_nothing():
+    # read as words, 'reshard_params=False' would state that SHARD_GRAD_OP reshards the params
+    r = read("In FSDP2 SHARD_GRAD_OP is reshard_params=False.")
+    assert not r.misconceptions and not r.unread
+    assert any("names an API" in t for t in r.trace)
+    r = read("FSDP2 里 SHARD_GRAD_OP 对应的开关就是 reshard_params=False")
+    assert not r.misconceptions and not r.unread
+    # an upper-case constant is a subject, not a keyword argument
+    assert "full shard" in claims.normalise("FULL_SHARD=free after fwd")
+    r = read("FULL_SHARD=frees the params after fwd")
+    assert "frees" in r.supported
+
+
+def test_arrows_between_points_and_between_statements():
+    assert [c.norm for c in claims.clauses("SGO keeps params fwd->bwd")] == [
+        "shard grad op keeps params forward to backward"
+    ]
+    assert "rank 0到所有 rank" in claims.clauses("DDP 构造时 rank 0 → 所有 rank")[0].norm
+    # an arrow between statements: the denial before it does not reach past it
+    r = read("FULL_SHARD: nothing kept -> frees the parameters after forward.")
+    assert "frees" in r.supported and not r.misconceptions
+
+
+def test_dashes_split_clauses_and_so_big_that_does_not():
+    assert len(claims.clauses("FSDP has no such step — classic FSDP only does it on request")) == 2
+    assert len(claims.clauses("Skip it when the model is so big that a rank can't hold it")) == 1
+    assert claims._REMEDY.match(claims.normalise("and the fixes are the same seed"))
+
+
+@pytest.mark.parametrize(
+    "text,supported",
+    [
+        # a denial reaches its verb across adverbs and a prepositional phrase
+        ("SHARD_GRAD_OP 不会在前向之后继续释放参数。", True),
+        ("SHARD_GRAD_OP 不在前向后释放参数。", True),
+        ("SHARD_GRAD_OP 前向之后不会把参数释放掉。", True),
+        ("FULL_SHARD 不在前向后释放参数。", False),
+        # 不能不 is a double negation: it must
+        ("FULL_SHARD 不能不释放参数。", True),
+        # one denial before both subjects
+        ("Neither SHARD_GRAD_OP nor the latter frees the parameters.", True),
+        # denied, unless the subject named after 'unless'
+        ("Nothing frees the parameters unless it is FULL_SHARD.", True),
+    ],
+)
+def test_negation_scope_of_fresh_writers(text, supported):
+    r = read(text)
+    if supported:
+        assert "frees" in r.supported and not r.misconceptions, r.trace
+    else:
+        assert [m[0] for m in r.misconceptions] == ["frees"], r.trace
+
+
+def test_negation_still_stops_at_another_verb():
+    # 不 denies 分片, not the memory the unsharded gradient costs
+    assert claims._reaches("梯度不分片会多占显存", 2, 5) is False
+    assert claims._reaches("不会在前向之后继续持有", 1, 9) is True
+
+
+def test_chinese_gap_does_not_read_past_a_comparative():
+    # 显存低通信更多: 低 is said of 显存, 更多 of 通信
+    assert "memory" not in read("SHARD_GRAD_OP 显存低通信更多。").supported
+    assert "memory" in read("SHARD_GRAD_OP 的显存占用更多。").supported
+
+
+def test_double_negations_and_conditions():
+    mini = lambda text: claims.read_answer(text, MINI)  # noqa: E731
+    # 不同步 is 不 + 同步 ("not in sync"), not 不同 ("different")
+    assert "differs" not in mini("FSDP 不切也不同步这些 buffer。").supported
+    assert "differs" in mini("每个 rank 的统计量不同。").supported
+    # a noun phrase denied: what is denied is holding it, not the claim it names
+    r = mini("Skip it when a rank can't hold one full gradient.")
+    assert not r.misconceptions
+    # 用不着: the cue is its 不, inside the phrasing's gap
+    r = mini("FSDP2 用不着副本。")
+    assert [m[0] for m in r.misconceptions] == ["copy"]
+    # without X, can't Y: X is what Y needs
+    r = mini("没有 DCP 的元数据就没法换 world size 加载。")
+    assert "metadata" in r.supported and not r.misconceptions, r.trace
+    r = mini("DCP 没有元数据。")  # a plain denial is still one
+    assert [m[0] for m in r.misconceptions] == ["metadata"], r.trace
+
+
+def test_a_requirement_before_a_negated_form_states_nothing():
+    r = read("A full state dict needs one rank to hold the whole model in memory.")
+    assert not r.misconceptions
+
+
+def test_a_topic_form_denied_of_a_subject_named_in_the_sentence_is_no_misconception():
+    mini = lambda text: claims.read_answer(text, MINI)  # noqa: E731
+    # what DCP does not need, said of DCP named before the colon
+    r = mini("用 DCP 就没这些问题：每个 rank 写自己的那份，不会持有完整梯度。")
+    assert not r.misconceptions, r.trace
+    # said on its own, the denial is still a misconception
+    r = mini("用 DCP 就没这些问题。不会持有完整梯度。")
+    assert [m[0] for m in r.misconceptions] == ["full_grad"], r.trace
+
+
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        "It's a memory-vs-communication knob.",
+        "So SHARD_GRAD_OP is a memory-for-communication swap.",
+        "后者本质上是拿显存换通信。",
+        "I believe it's about the peak memory.",
+        "关键就差在一次广播。",
+    ],
+)
+def test_frames_fresh_writers_use_are_read_and_credit_nothing(sentence):
+    r = read("FULL_SHARD frees the parameters after forward. " + sentence)
+    assert not r.unread and not r.misconceptions and set(r.supported) == {"frees"}, r.trace
+
+
+PERSON = {
+    "subjects": {"YOU": _bi(["you", "yourself"], ["你", "你自己"])},
+    "claims": [
+        {
+            "id": "env",
+            "label": _bi("the launcher sets RANK", "启动器设置 RANK"),
+            "forms": [
+                {
+                    "rival": "YOU",
+                    "says": _bi(["(set*|writ*) ... rank"], ["(设置|写) ... rank"]),
+                    "wrong": _bi("the launcher sets it", "由启动器设置"),
+                    "swapped": _bi("the launcher sets it, not you", "是启动器设置的，不是你"),
+                }
+            ],
+        }
+    ],
+    "topic": _bi(["rank*"], ["rank"]),
+    "reference": _bi("ref", "参考"),
+}
+
+
+def test_the_person_addressed_is_not_carried_over_to_a_clause_with_its_own_agent():
+    person = lambda text: claims.read_answer(text, PERSON)  # noqa: E731
+    for text in (
+        "You don't compute anything yourself: torchrun writes RANK into the environment.",
+        "你不用自己算。torchrun 在每个节点上给每个进程设置 RANK。",
+    ):
+        r = person(text)
+        assert "env" in r.supported and not r.misconceptions, r.trace
+    # named in the clause, or carried over to a clause with no agent of its own: still the person
+    assert [m[0] for m in person("You set RANK yourself.").misconceptions] == ["env"]
+    assert [m[0] for m in person("You start the job, and then set RANK.").misconceptions] == ["env"]
+
+
+def test_a_denial_right_before_a_phrasing_that_names_its_subject_denies_it():
+    secret = copy.deepcopy(PERSON)
+    secret["misconceptions"] = [
+        {
+            "id": "manual",
+            "says": _bi(["you (set|pass) ... yourself"], ["自己手动传"]),
+            "wrong": _bi("the launcher passes it", "启动器会传"),
+        }
+    ]
+    assert not claims.read_answer(
+        "不用自己手动传 rank，torchrun 会设置 RANK。", secret
+    ).misconceptions
+    r = claims.read_answer("要自己手动传 rank。", secret)
+    assert [m[0] for m in r.misconceptions] == ["manual"]
