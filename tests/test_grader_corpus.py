@@ -45,6 +45,8 @@ PSEUDO_HELDOUT = (
     "training round 5",
     "training round 7",
     "training round 8",
+    "training round 9",
+    "training round 10",
 )
 
 
@@ -138,6 +140,12 @@ PSEUDO_HELDOUT_BOUNDS = {
     ),
     "training round 8": dict(
         n=240, wrong_correct=0, correct_wrong=0, right_missed=42, wrong_wrong=111
+    ),
+    "training round 9": dict(
+        n=240, wrong_correct=0, correct_wrong=0, right_missed=46, wrong_wrong=119
+    ),
+    "training round 10": dict(
+        n=240, wrong_correct=0, correct_wrong=0, right_missed=38, wrong_wrong=118
     ),
 }
 
