@@ -149,6 +149,9 @@ one both his her our your this that these those more less no nothing some any to
 with for after before until once twice again everything by inside within across between
 through""".split()
 )
+# a one-character Chinese verb right before an English term: a note's statement ('起 worker',
+# '设 env', '存 shard', '传 rank')
+_ZH_VERB_TERM = re.compile(f"(?<![{CJK}])[起设存算传拿发收读写跑放删换建调加载]\\s?[a-z]")
 _LOCATIVE = {"on", "inside", "within", "across", "over", "between", "through", "in", "at"}
 _ZH_KEYWORD_RUN = re.compile(f"[{CJK}]\\s+[{CJK}]")
 
@@ -328,6 +331,46 @@ def _plural_noun(word: str) -> bool:
     return word.endswith("s") and bool(nouns) and word not in nouns
 
 
+def _singular_noun(word: str) -> bool:
+    nouns = en_lemmas(word).get("NOUN", ()) if word else ()
+    return word in nouns and not word.endswith("s")
+
+
+# a thing named without a noun ('nothing big crosses nodes', 'each one keeps ...')
+_QUANTIFIER = {"nothing", "everything", "something", "each", "one", "none"}
+# before a verb at the start of a clause: the clause is still an instruction or a note
+_LEAD = {"then", "so", "just", "and", "or", "first", "also", "always", "never", "please", "only"}
+# what follows a verb of an instruction or a note ('keep those inside a node', 'reshard after
+# fwd', 'all-reduce the grads'): an object, a particle, a time
+_AFTER_LEAD_VERB = _OBJECT_START - {"to", "in", "on", "at", "from", "with", "for", "by", "over"}
+
+
+def _leading_verb(words: list) -> bool:
+    """An instruction or a note starts with a verb in its base form: 'Put the shard group inside a
+    node', 'keep those inside a node', 'reshard after fwd', 'all-reduce the grads once'. A noun
+    that can be a verb ('state', 'peak', 'copy') starts one only when an object or a particle
+    follows it, never a preposition ('copy of the model')."""
+    j = 0
+    while j < len(words) and words[j] in _LEAD:
+        j += 1
+    if (
+        j < len(words) - 1
+        and words[j] in ("all", "reduce")
+        and words[j + 1]
+        in (
+            "reduce",
+            "gather",
+            "scatter",
+        )
+    ):
+        j += 1  # 'all-reduce the grads', 'all-gather them', 'reduce-scatter the grads'
+    if j >= len(words) - 1:
+        return False
+    w, nxt = words[j], words[j + 1]
+    verb = en_lemmas(w).get("VERB", ())
+    return (w in verb or w in _DOMAIN_VERBS) and nxt in _AFTER_LEAD_VERB
+
+
 def _is_verb_form(words: list, i: int) -> bool:
     """Is words[i] an inflected verb? lemminflect's tables tell a plural ('shards': a noun only)
     from a verb form ('frees', 'kept'); a form that can be either ('keeps', 'gathers') is the verb
@@ -342,7 +385,16 @@ def _is_verb_form(words: list, i: int) -> bool:
             return True
         # a plural noun is not followed by another plural in a noun phrase ('gradient shards'):
         # after one, an -s form is the verb ('the all-reduce of gradient shards crosses nodes')
-        return w.endswith("s") and _plural_noun(prev) and bool(nxt)
+        if w.endswith("s") and _plural_noun(prev) and bool(nxt):
+            return True
+        # after a thing named in the singular, an -s form followed by an amount or by things is the
+        # verb ('the copy costs 8P/N bytes', 'nothing big crosses nodes'); 'optimizer states' alone,
+        # or before 'and', stays a noun phrase
+        return (
+            w.endswith("s")
+            and (_singular_noun(prev) or _QUANTIFIER.intersection(words[max(0, i - 2) : i]))
+            and (nxt[:1].isdigit() or _plural_noun(nxt))
+        )
     if verb and i and _plural_noun(prev):
         # a base form after a plural noun: 'the all-gathers happen inside', 'gradients stay sharded'
         return "NOUN" not in lemmas or nxt in _OBJECT_START
@@ -362,22 +414,29 @@ def _is_verb_form(words: list, i: int) -> bool:
     return False
 
 
-def carries_verb(clause: str) -> bool:
+def carries_verb(clause: str, opens: bool = True) -> bool:
     """Is the clause a statement rather than a keyword list? English: an auxiliary, a pronoun
     subject, '=', or an inflected verb (lemminflect: not a plural). Chinese (no inflection to go
     by): three characters or more, not written as space-separated keywords ('释放 参数 显存')."""
     if len(_CJK_CHAR.findall(clause)) >= 3:
         return not _ZH_KEYWORD_RUN.search(clause)
+    if _ZH_VERB_TERM.search(clause):
+        return True  # a note: '起 worker + 设 env', '存 shard
     if "=" in clause or _AUX_EN.search(clause):
         return True
-    words = re.findall(r"[a-z][a-z']*", clause)
+    words = re.findall(r"[a-z][a-z']*|(?<![a-z])\d\w*", clause)  # an amount is a word ('8p')
     if re.search(r"(?<![a-z])to\s+[a-z]+", clause) and any(
         "VERB" in en_lemmas(m) for m in re.findall(r"(?<![a-z])to\s+([a-z]+)", clause)
     ):
         return True
-    return any(_is_verb_form(words, i) for i in range(len(words)))
+    # a verb that starts the clause counts where a statement can start: not an item after a comma
+    # ('peak memory, prefetch, reshard after use' is a list)
+    return (opens and _leading_verb(words)) or any(
+        _is_verb_form(words, i) for i in range(len(words))
+    )
 
 
+_BULLET = re.compile(r"^(?:[-*•·]|\d{1,2}[.)])\s+")
 _LIST_SEP = re.compile(r"\s*(?:[,，、/;；|+]|(?<![a-z])and(?![a-z])|和)\s*")
 
 
@@ -414,7 +473,8 @@ def keyword_list(sentence: str) -> bool:
     phrase: 'RANK, LOCAL_RANK, WORLD_SIZE, --max-restarts', '释放、参数、显存',
     '环境变量 rank 会合 重启'.
     (A Chinese word is a jieba word; an identifier like LOCAL_RANK or a flag is one word.)"""
-    text = unicodedata.normalize("NFKC", sentence).strip().lower()
+    # a bullet ('- ', '* ', '• ', '1. ') marks a line, not a flag: the line is read without it
+    text = _BULLET.sub("", unicodedata.normalize("NFKC", sentence).strip().lower())
     if _AUX_EN.search(normalise(text)):
         return False
     items = [i for i in _LIST_SEP.split(text) if i.strip()]
@@ -439,7 +499,7 @@ def keyword_list(sentence: str) -> bool:
         # params')
         verb = (
             len(ascii_words) > 1
-            and not item.strip().startswith("-")
+            and not item.strip().startswith("-")  # a flag ('--max-restarts')
             and any(_is_verb_form(plain, i) for i in range(len(plain)))
         )
         return short and not verb and not _zh_phrase(item)
@@ -449,8 +509,14 @@ def keyword_list(sentence: str) -> bool:
     listed = [keyword(i) for i in items]
     # a long run of items is a list even when one of them is not a term: a verb-like compound
     # ('activation checkpointing, activations, long sequence, batch size, recompute, ...') or a
-    # run of spaced terms ('分片、集合通信、rank 0、DCP 元数据 FULL_STATE_DICT 优化器状态')
-    return all(listed) or (len(items) >= 6 and sum(listed) >= len(items) - 1)
+    # run of spaced terms ('分片、集合通信、rank 0、DCP 元数据 FULL_STATE_DICT 优化器状态'); but a
+    # first item with a verb is the statement that introduces the run ('each worker gets RANK,
+    # LOCAL_RANK, WORLD_SIZE, ...')
+    first = re.findall(r"[a-z][a-z']*", normalise(items[0]))
+    opens = not any(
+        j and first[j].endswith("s") and _is_verb_form(first, j) for j in range(len(first))
+    )
+    return all(listed) or (len(items) >= 6 and opens and sum(listed) >= len(items) - 1)
 
 
 # --- phrasings -----------------------------------------------------------------------------------
@@ -834,6 +900,11 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
             # denies the verdict, not what the condition says
             continue
         cues.append(c)
+    whole_clause = _DENIES_CLAUSE.match(clause)
+    if whole_clause and whole_clause.end() <= anchor and not any(c < anchor for c in cues):
+        # "It's not that DDP averages the weights", "Nor do you start the processes", "不是 DDP
+        # 平均了权重": a denial before the subject denies the whole clause
+        cues.append(whole_clause.start())
     after = _NEG_AFTER.match(clause, match.end())
     before_subject = [
         w
@@ -858,6 +929,13 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
     )
     return (len(cues) + bool(after) + undone) % 2 == 0
 
+
+# a denial of the whole clause, before its subject
+_DENIES_CLAUSE = re.compile(
+    r"^\s?(?:(?:and|but|so)\s)?(?:(?:it'?s|it is|this is|that'?s|that is)\s(?:not|n't)\s(?:that|because)|"
+    r"not that|not because|nor\s(?:do|does|did|is|are|can|will|would|has|have|must|should)|"
+    r"(?:而|但|也)?(?:并不是|并非|不是说|不是因为|不是))(?![a-z0-9])\s?"
+)
 
 _UNDO = re.compile(
     r"(?<![a-z])(?:overwr\w*|overrid\w*|replac\w*|clobber\w*|erase\w*|discard\w*|wipe\w*)"
@@ -1301,7 +1379,9 @@ def read_answer(text: str, secret: dict) -> Reading:
     # a sentence is a statement when one of its clauses carries a verb and it is not a keyword
     # list ('rank, local_rank, world_size', '释放、参数、显存')
     lists = {s for s, sent in enumerate(sentence_text) if keyword_list(sent)}
-    stated = {c.sentence for c in all_clauses if carries_verb(c.norm)} - lists
+    stated = {
+        c.sentence for c in all_clauses if carries_verb(c.norm, c.opener not in (",", "，", "、"))
+    } - lists
     reading.stated_sentences = len(stated)
 
     def apply(events, quote):
@@ -1451,7 +1531,7 @@ def read_answer(text: str, secret: dict) -> Reading:
             # nothing: read, credited with nothing (a misconception entry in it is still false)
             reading.trace.append(f"[{c.norm}] about the alternative, or a heading: read")
             read_sentences.add(c.sentence)
-        elif topical and carries_verb(c.norm):
+        elif topical and carries_verb(c.norm, c.opener not in (",", "，", "、")):
             reading.trace.append(f"[{c.norm}] about the topic, but nothing the question knows")
             if c.sentence not in unread:
                 unread.append(c.sentence)

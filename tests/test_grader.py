@@ -1598,3 +1598,59 @@ def test_a_denial_right_before_a_phrasing_that_names_its_subject_denies_it():
     ).misconceptions
     r = claims.read_answer("要自己手动传 rank。", secret)
     assert [m[0] for m in r.misconceptions] == ["manual"]
+
+
+def test_a_bulleted_line_is_a_statement_not_a_keyword_list():
+    line = (
+        "- Each worker gets RANK, LOCAL_RANK and WORLD_SIZE, plus MASTER_ADDR/MASTER_PORT for the "
+        "rendezvous, as environment variables."
+    )
+    assert not claims.keyword_list(line)
+    # a flag stays a term, and a bulleted run of terms is still a list
+    assert claims.keyword_list("- RANK, LOCAL_RANK, WORLD_SIZE, --max-restarts")
+    assert claims.keyword_list(
+        "sharded state dict, FULL_STATE_DICT, all-gather, rank 0, DCP, get_state_dict, metadata"
+    )
+
+
+@pytest.mark.parametrize(
+    "text,verb",
+    [
+        ("the copy costs 8P/N bytes per rank", True),  # an -s verb after a singular noun
+        ("nothing big crosses nodes", True),
+        ("Keep those inside a node", True),  # an instruction
+        ("Put the shard group inside a node", True),
+        ("all-reduce the grads across the replicas", True),
+        ("reshard after fwd", True),  # a note
+        ("起 worker + 设 env", True),
+        ("optimizer states", False),  # a noun phrase stays one
+        ("copy of the model", False),
+        ("peak memory", False),
+        ("the gradient shards", False),
+    ],
+)
+def test_notes_instructions_and_s_verbs_after_a_singular_noun_are_statements(text, verb):
+    assert claims.carries_verb(claims.normalise(text)) is verb
+
+
+def test_a_verb_opening_an_item_after_a_comma_does_not_make_a_list_a_statement():
+    r = read("peak memory, one block at a time, prefetch, overlap, reshard after use")
+    assert r.stated_sentences == 0
+    r = read("Keep those inside a node, so nothing big crosses nodes.")
+    assert r.stated_sentences == 1
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "It's not that full shard frees the params after forward.",
+        "Nor does full shard free the params after forward.",
+        "不是前者释放了参数。",
+    ],
+)
+def test_a_denial_before_the_subject_denies_the_whole_clause(text):
+    r = read(text)
+    assert "frees" not in r.supported and [m[0] for m in r.misconceptions] == ["frees"], r.trace
+    # without it the same clause is the statement
+    plain = read(re.sub(r"^(It's not that|Nor does|不是)\s?", "", text).replace("free ", "frees "))
+    assert "frees" in plain.supported, plain.trace
