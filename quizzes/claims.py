@@ -932,7 +932,8 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
 
 # a denial of the whole clause, before its subject
 _DENIES_CLAUSE = re.compile(
-    r"^\s?(?:(?:and|but|so)\s)?(?:(?:it'?s|it is|this is|that'?s|that is)\s(?:not|n't)\s(?:that|because)|"
+    r"^\s?(?:(?:and|but|so)\s)?"
+    r"(?:(?:it'?s|it is|this is|that'?s|that is)\s(?:not|n't)\s(?:that|because)|"
     r"not that|not because|nor\s(?:do|does|did|is|are|can|will|would|has|have|must|should)|"
     r"(?:而|但|也)?(?:并不是|并非|不是说|不是因为|不是))(?![a-z0-9])\s?"
 )
