@@ -924,7 +924,7 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
     # a verb that undoes its object denies it: "DDP overwrites each rank's own init" says the own
     # init is not kept, so "nothing overwrites each rank's own init" (没有任何东西覆盖) says it is
     undone = any(
-        _reaches(clause, u.end(), match.start())
+        _reaches(clause, u.end(), match.start()) and not _AND.search(clause, u.end(), match.start())
         for u in _UNDO.finditer(clause, anchor, match.start())
     )
     return (len(cues) + bool(after) + undone) % 2 == 0
@@ -1293,7 +1293,9 @@ _REMEDY = re.compile(
 _COUNTERFACTUAL = re.compile(
     r"(?:if (?:you |we |one |)(?:do not|don't|dont|didn't|never|skip)|if not|without|with no|"
     r"otherwise|else|if there is no|when there is no)(?![a-z])|如果不|若不|要是不|不按|不设|不用|"
-    r"没有设|否则|不然"
+    r"没有设|否则|不然|"
+    # 'not wrapped' as the alternative: 不包的话, 不做 wrap 的话, 不 wrap
+    r"不(?:按\s?block\s?|分块|单独)?(?:包(?![括含])|做\s?wrap|wrap)"
 )
 _BOTH = re.compile(
     r"(?<![a-z0-9])(?:both|neither|either of them|the two)(?![a-z0-9])|两者|二者|两种|两个策略|"

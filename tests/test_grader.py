@@ -1654,3 +1654,27 @@ def test_a_denial_before_the_subject_denies_the_whole_clause(text):
     # without it the same clause is the statement
     plain = read(re.sub(r"^(It's not that|Nor does|不是)\s?", "", text).replace("free ", "frees "))
     assert "frees" in plain.supported, plain.trace
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "不包的话就是整个模型一次性收集",
+        "不做 wrap 的话 root 就是整个模型",
+        "不按 block 包，峰值就是整模型",
+    ],
+)
+def test_not_wrapping_opens_a_sentence_about_the_alternative(text):
+    assert claims._COUNTERFACTUAL.match(claims.normalise(text))
+    # '包' alone is no denial of wrapping ('不包括' is 'does not include')
+    assert not claims._COUNTERFACTUAL.match(claims.normalise("不包括优化器状态"))
+
+
+def test_a_verb_that_undoes_does_not_reach_across_and():
+    r = quizzes.grade(
+        "lesson6",
+        "q_ddp_hides_init",
+        "DDP overwrites the other ranks' weights and each rank keeps its own init.",
+        "en",
+    )
+    assert r.details["misconceptions"], r.details
