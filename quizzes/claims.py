@@ -367,8 +367,16 @@ def _leading_verb(words: list) -> bool:
     if j >= len(words) - 1:
         return False
     w, nxt = words[j], words[j + 1]
+    after = words[j + 2] if j + 2 < len(words) else ""
     verb = en_lemmas(w).get("VERB", ())
-    return (w in verb or w in _DOMAIN_VERBS) and nxt in _AFTER_LEAD_VERB
+    # or an adjective, then the thing: 'keep full params', 'free gathered weights'
+    # ('lower peak memory', 'higher peak mem' are things: a word that is an adjective itself)
+    described = (
+        "ADJ" not in en_lemmas(w)
+        and ("ADJ" in en_lemmas(nxt) or nxt.endswith("ed"))
+        and ("NOUN" in en_lemmas(after) or after in ("params", "grads"))
+    )
+    return (w in verb or w in _DOMAIN_VERBS) and (nxt in _AFTER_LEAD_VERB or described)
 
 
 def _is_verb_form(words: list, i: int) -> bool:
@@ -1365,6 +1373,8 @@ def _ellipsis(clause: str, subjects: dict) -> bool:
 
 # the words before ", which ..." that the relative clause may be about ("gives each process RANK")
 _RELATIVE_TAIL = 3
+# a description of the name before it: "its global index", "the index on this node", "即全局编号"
+_APPOSITIVE = re.compile(r"^(?:its|their|the|i e|e g|即|也就是|就是)\s")
 
 _CF_CLAUSE = re.compile(
     r"^(?:without (?:it|this|that|them|syncing|sync|synchroni[sz]ing)|otherwise|if not|else|不然|"
@@ -1444,12 +1454,25 @@ def read_answer(text: str, secret: dict) -> Reading:
             inherited_here=inherited_sentence == c.sentence,
         )
         prev = all_clauses[i - 1] if i else None
-        if c.opener in ("which", "who") and prev is not None and prev.sentence == c.sentence:
+        relative = c.opener in ("which", "who")
+        # "LOCAL_RANK, its global index over the whole job, ...", "RANK (the index on this
+        # node)": a noun phrase right after a name, between commas or in brackets, says what
+        # that name is, like a relative clause
+        appositive = (
+            not relative
+            and not accounted
+            and (c.opener in (",", "，", "(", "（") or c.aside)
+            and _APPOSITIVE.match(norm)
+            # its own relative clause aside ('its index inside the node that you use to ...')
+            and not carries_verb(re.split(r"\s(?:that|which|who)\s", norm)[0], False)
+        )
+        if (relative or appositive) and prev is not None and prev.sentence == c.sentence:
             # ", which is its index on the local node": a relative clause says it of the noun
             # right before it ("RANK"); read the two together, keep what needs both
             tail = " ".join(prev.norm.split()[-_RELATIVE_TAIL:])
+            copula = "" if relative else ("是" if _CJK_CHAR.search(norm) else "is")
             joined, _ = _read_clause(
-                f"{tail} {norm}", secret, subjects, owners, clause_inherited, reading.trace
+                f"{tail} {copula} {norm}", secret, subjects, owners, clause_inherited, reading.trace
             )
             alone, _ = _read_clause(tail, secret, subjects, owners, clause_inherited, [])
             extra = [e for e in joined if e not in alone and e not in events]

@@ -1678,3 +1678,24 @@ def test_a_verb_that_undoes_does_not_reach_across_and():
         "en",
     )
     assert r.details["misconceptions"], r.details
+
+
+def test_a_note_keeps_its_verb_before_an_adjective_and_its_thing():
+    assert claims.carries_verb(claims.normalise("keep full params fwd->bwd"))
+    # a comparative before a thing is a noun phrase
+    assert not claims.carries_verb(claims.normalise("lower peak memory"))
+
+
+@pytest.mark.parametrize(
+    "text,false",
+    [
+        (
+            "Each worker gets LOCAL_RANK, its global index over the whole job, plus WORLD_SIZE.",
+            True,
+        ),
+        ("Each worker gets RANK, its global index over the whole job, plus WORLD_SIZE.", False),
+    ],
+)
+def test_a_description_after_a_name_is_read_of_that_name(text, false):
+    r = quizzes.grade("lesson0", "q_torchrun_setup", text, "en")
+    assert bool(r.details["misconceptions"]) is false, (r.details, r.feedback)
