@@ -712,12 +712,13 @@ _CAUSATIVE = re.compile(r"\s?(?:会|能|)\s?(?:让|使|令|叫)|\s?(?:let|make|a
 # between still ends it ("梯度不分片会多占显存" does not deny 多占显存).
 _ZH_ADVERBS = (
     r"(?:\s?(?:会|能|要|该|应该|需要|用|再|还|就|都|也|是|有|一直|继续|马上|立刻|立即|直接|再次|"
-    r"重新|必|总|总是|一定|真的|完全|根本|曾)\s?)*"
+    r"重新|必|总|总是|一定|真的|完全|根本|曾|法)\s?)*"  # 法: the rest of 没法 / 无法
 )
 _ZH_PREPOSITION = re.compile(
     r"(?:在|从|于|等到|直到|到|像|跟|和|与|比)[^,，]{1,10}?"
     r"(?:之后|以后|之前|以前|后|前|时|的时候|时候|期间|里|中|内|上|那么|这么|那样|一样|似的)"
-    r"|(?:把|将|被|给|对)\s?(?:[\u4e00-\u9fff]{1,4}|[a-z0-9 ]{1,20}?)"
+    # 换 as a coverb: '没法换布局加载', '不能换 world size 加载' (load with another layout)
+    r"|(?:把|将|被|给|对|换个|换)\s?(?:[\u4e00-\u9fff]{1,4}|[a-z0-9 ]{1,20}?)"
     r"(?=\s?[\u4e00-\u9fff]|\s?[a-z]+$)"
 )
 
@@ -734,6 +735,8 @@ def _zh_scope(between: str) -> str:
 
 def _reaches(clause: str, cue_end: int, start: int) -> bool:
     between = clause[cue_end:start]
+    if "重新" in between:
+        return False  # "没法重新切分" denies re-sharding, not the sharding a phrasing names
     if _CAUSATIVE.match(
         between
     ):  # "不会让每个 rank 保留 ...", "does not let each rank keep ...": all of it
@@ -895,6 +898,9 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
             continue
         if not anchor <= c < match.end() or any(a <= c < b for a, b in literal):
             continue
+        if c == match.start() and _WITHOUT.match(clause, c):
+            continue  # the phrasing's own 'without' ('没有 DCP 的元数据 ... 加载'): its words
+
         # the words it denies: the next literal of the phrasing (a cue in a gap) or the phrasing
         target = min((a for a, _ in literal if a >= c_end), default=match.end())
         if _AND.search(clause, c, target) or not (whole or _reaches(clause, c_end, target)):
@@ -918,6 +924,7 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
         w
         for w in _WITHOUT.finditer(clause, 0, anchor)
         if w.end() <= anchor
+        and w.start() < match.start()  # not the phrasing's own 'without' ('没有 DCP ... 加载')
         and len(re.findall(r"[a-z0-9']+", clause[w.end() : anchor])) <= 3
         and len(_CJK_CHAR.findall(clause[w.end() : anchor])) <= 6
     ]

@@ -1699,3 +1699,22 @@ def test_a_note_keeps_its_verb_before_an_adjective_and_its_thing():
 def test_a_description_after_a_name_is_read_of_that_name(text, false):
     r = quizzes.grade("lesson0", "q_torchrun_setup", text, "en")
     assert bool(r.details["misconceptions"]) is false, (r.details, r.feedback)
+
+
+@pytest.mark.parametrize(
+    "text,false",
+    [
+        ("分片文件没有 DCP 的元数据也没法换布局加载。", False),  # 没法 reaches past 换布局
+        ("没有 DCP 的元数据就没法在别的布局上加载。", False),
+        ("没有 DCP 的元数据也能换 world size 加载。", True),
+    ],
+)
+def test_without_its_own_without_and_a_chinese_modal_denial(text, false):
+    r = quizzes.grade("lesson4", "q_why_not_torch_save", text, "zh")
+    assert bool(r.details["misconceptions"]) is false, (r.details, r.feedback)
+
+
+def test_a_denial_of_redoing_is_not_a_denial_of_the_thing():
+    # '没法重新切分' denies re-sharding: it reaches no phrasing of sharding itself
+    assert not claims._reaches("也没法重新切分", 2, 5)
+    assert claims._reaches("也没法切分", 2, 3)
