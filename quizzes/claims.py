@@ -845,7 +845,9 @@ _NEG_AFTER = re.compile(
     # a negative object right after the verb: "FSDP frees nothing until ...", "it saves none"
     r"|\s(?:nothing|none)(?![a-z0-9])"
     r"|\s(?:is|are|gets|get|becomes|become|was|were) (?:disabled|turned off|impossible|lost|"
-    r"broken|gone|blocked|not possible)(?![a-z0-9])"
+    r"broken|gone|blocked|not possible|skipped|avoided|eliminated)(?![a-z0-9])"
+    # done without: "第二次收集省掉了", "这次 all-gather 被省去"
+    r"|\s?(?:就|也|都|)\s?(?:被|)\s?(?:省掉|省去|免去|去掉|跳过)"
 )
 
 
@@ -1378,6 +1380,11 @@ def _ellipsis(clause: str, subjects: dict) -> bool:
     return bool(named) and named[0].start <= 8 and (word_count(head) <= 4 or bool(listed))
 
 
+_IF_CLAUSE = re.compile(r"^(?:if|如果|要是|假如|若)(?![a-z])")
+_ROOT = re.compile(
+    r"^(?:(?:because|since|as|but|and|so|因为|但|而|)\s?)(?:the\s)?(?:root|根单元|根模块|根)(?![a-z])"
+)
+
 # the words before ", which ..." that the relative clause may be about ("gives each process RANK")
 _RELATIVE_TAIL = 3
 # a description of the name before it: "its global index", "the index on this node", "即全局编号"
@@ -1441,8 +1448,12 @@ def read_answer(text: str, secret: dict) -> Reading:
             continue
         # a side remark in brackets, or a clause about both ("两者都...", "both keep ...",
         # "neither"), takes no subject from before it
+        # a clause about the root unit ("the root stays gathered from forward to backward",
+        # "根单元从前向一直留到反向") is about the exception to what the subject before does
         clause_inherited = (
-            None if c.aside or c.sentence in remedies or _BOTH.search(c.norm) else inherited
+            None
+            if c.aside or c.sentence in remedies or _BOTH.search(c.norm) or _ROOT.match(c.norm)
+            else inherited
         )
         # "..., without it every rank normalises with its own statistics": the clause is about the
         # alternative; its 'without' denies nothing of what follows (like a sentence about the
@@ -1551,6 +1562,14 @@ def read_answer(text: str, secret: dict) -> Reading:
             # by default: what it states is credited, a form read the other way round is no
             # misconception; a misconception entry is false whatever the sentence is about
             apply([e for e in events if e[0] != "wrong" or e[1][1] == -1], c.text)
+        elif (
+            _IF_CLAUSE.match(c.norm)
+            and i + 1 < len(all_clauses)
+            and all_clauses[i + 1].sentence == c.sentence
+        ):
+            # "if only rank 0 calls it, it hangs": a condition supposes what a misconception entry
+            # says, and the clause after it says what follows; only a form is read
+            apply([e for e in events if e[0] != "wrong" or e[1][1] != -1], c.text)
         else:
             apply(events, c.text)
         topical = is_topical(c.norm, secret)

@@ -1718,3 +1718,29 @@ def test_a_denial_of_redoing_is_not_a_denial_of_the_thing():
     # '没法重新切分' denies re-sharding: it reaches no phrasing of sharding itself
     assert not claims._reaches("也没法重新切分", 2, 5)
     assert claims._reaches("也没法切分", 2, 3)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "FULL_SHARD frees each block after its forward. The root stays gathered from forward to "
+        "backward.",
+        "FULL_SHARD 每个 block 前向后就释放。根单元从前向一直留到反向。",
+    ],
+)
+def test_a_clause_about_the_root_unit_takes_no_subject_from_before(text):
+    r = quizzes.grade("lesson1", "q_full_vs_shard_grad_op", text, "zh" if "根" in text else "en")
+    assert not r.details["misconceptions"], (r.details, r.feedback)
+
+
+def test_a_misconception_entry_supposed_by_an_if_clause_is_no_statement():
+    secret = copy.deepcopy(DEMO)
+    r = claims.read_answer("If the shard size makes no difference, the model still trains.", secret)
+    assert not r.misconceptions, r.trace
+    r = claims.read_answer("There is no difference in memory at all.", secret)
+    assert [m[0] for m in r.misconceptions] == ["same"], r.trace
+
+
+def test_an_omission_after_the_phrasing_denies_it():
+    assert claims._NEG_AFTER.match("第二次收集省掉了".replace("第二次收集", ""))
+    assert claims._NEG_AFTER.match(" is skipped")
