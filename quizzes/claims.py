@@ -1324,9 +1324,13 @@ _BOTH = re.compile(
 # "what differs is ...", "it's a memory-versus-communication choice", "区别在于 ...", "本质上是 ..."
 _FRAME = re.compile(
     # a hedge before it changes nothing: "I believe it's about ...", "我理解区别在于 ..."
-    r"^(?:(?:i think|i believe|i guess|basically|我理解|我觉得|我认为)\s?,?\s?)?"
-    r"(?:the (?:main |key |real |whole |)(?:difference|point|question|idea|crux) (?:is|lies)|"
-    r"(?:the two|they|both) (?:only |)differ (?:only |)(?:in|by)|(?:差别|区别|不同之处)(?:只|)在|"
+    r"^(?:(?:i think|i believe|i guess|basically|in short|我理解|我觉得|我认为|先说结论|一句话|"
+    r"简单来说)"
+    r"\s?[,:：]?\s?)?"
+    r"(?:the (?:main |key |real |whole |)(?:difference|point|question|idea|crux) "
+    r"(?:is|lies|comes)|"
+    r"(?:the two|they|both) (?:only |)differ (?:only |)(?:in|by)|"
+    r"(?:差别|区别|不同之处|不同点)(?:只|)在|"
     r"what (?:differs|matters|changes) is|it'?\s?s (?:all |)(?:about|a [a-z ]{0,30}(?:choice|"
     r"trade ?off|trade|deal|exchange))|it is (?:all |)(?:about|a [a-z ]{0,30}(?:choice|trade ?off|"
     r"trade|deal|exchange))|think of|(?:区别|差别|不同|关键|核心|重点)(?:就|)(?:在于|是)|(?:本质上|"
@@ -1334,6 +1338,8 @@ _FRAME = re.compile(
     # what the answer depends on: "it depends on the batch", "看每张卡上的 batch 大不大"
     r"|(?:it |that |this |)(?:all |)depends on|取决于"
     r"|(?:这|)(?:主要|)(?:要|得|就|)看(?!到|见|出|起来)"
+    # "这题其实就是看 ...", "选择依据就是 ..."
+    r"|(?:这题|这道题|这个问题|选择依据|选择标准)(?:其实|)(?:就|)(?:是|在于)"
     # "关键在广播", "关键就差在一次广播"
     r"|(?:关键|核心|重点|区别|差别)(?:就|)差?在(?!于))"
 )
@@ -1354,9 +1360,17 @@ _TRADE_FRAME = re.compile(
 )
 
 
+# a short sentence that announces how many things follow: "torchrun does two jobs", "torchrun 主要干
+# 两件事", "Some side remarks:"
+_COUNT_FRAME = re.compile(
+    r"(?<![a-z])(?:does|do|has|have|plays|serves) (?:two|three|2|3) (?:jobs|things|roles|parts)"
+    r"(?![a-z])|(?:干|做|负责|有|管)(?:两|三|2|3)\s?件事"
+)
+
+
 def _framing(sentence: str, subjects: dict) -> bool:
     norm = normalise(sentence)
-    if _TRADE_FRAME.search(norm) and word_count(norm) <= 12:
+    if (_TRADE_FRAME.search(norm) or _COUNT_FRAME.search(norm)) and word_count(norm) <= 12:
         return True
     rest = _FRAME.match(norm)
     return (

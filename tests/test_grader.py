@@ -1744,3 +1744,24 @@ def test_a_misconception_entry_supposed_by_an_if_clause_is_no_statement():
 def test_an_omission_after_the_phrasing_denies_it():
     assert claims._NEG_AFTER.match("第二次收集省掉了".replace("第二次收集", ""))
     assert claims._NEG_AFTER.match(" is skipped")
+
+
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        "我理解 torchrun 主要干两件事。",
+        "Basically torchrun does two jobs.",
+        "The difference comes after forward.",
+        "不同点在于 gather 出来的完整参数活多久。",
+        "选择依据就是显存和带宽哪个更紧。",
+        "这题其实就是看显存和通信哪个更紧张。",
+    ],
+)
+def test_frames_that_announce_what_follows(sentence):
+    assert claims._framing(sentence, {}), sentence
+    # a frame is short: a long sentence with a count in it is a statement
+    assert not claims._framing(
+        "torchrun does two jobs and also shards the model over every rank so that each rank "
+        "only keeps its own slice of the parameters.",
+        {},
+    )
