@@ -149,6 +149,9 @@ one both his her our your this that these those more less no nothing some any to
 with for after before until once twice again everything by inside within across between
 through""".split()
 )
+# a one-character Chinese verb right before an English term: a note's statement ('起 worker',
+# '设 env', '存 shard', '传 rank')
+_ZH_VERB_TERM = re.compile(f"(?<![{CJK}])[起设存算传拿发收读写跑放删换建调加载]\\s?[a-z]")
 _LOCATIVE = {"on", "inside", "within", "across", "over", "between", "through", "in", "at"}
 _ZH_KEYWORD_RUN = re.compile(f"[{CJK}]\\s+[{CJK}]")
 
@@ -328,6 +331,54 @@ def _plural_noun(word: str) -> bool:
     return word.endswith("s") and bool(nouns) and word not in nouns
 
 
+def _singular_noun(word: str) -> bool:
+    nouns = en_lemmas(word).get("NOUN", ()) if word else ()
+    return word in nouns and not word.endswith("s")
+
+
+# a thing named without a noun ('nothing big crosses nodes', 'each one keeps ...')
+_QUANTIFIER = {"nothing", "everything", "something", "each", "one", "none"}
+# before a verb at the start of a clause: the clause is still an instruction or a note
+_LEAD = {"then", "so", "just", "and", "or", "first", "also", "always", "never", "please", "only"}
+# what follows a verb of an instruction or a note ('keep those inside a node', 'reshard after
+# fwd', 'all-reduce the grads'): an object, a particle, a time
+_AFTER_LEAD_VERB = _OBJECT_START - {"to", "in", "on", "at", "from", "with", "for", "by", "over"}
+
+
+def _leading_verb(words: list) -> bool:
+    """An instruction or a note starts with a verb in its base form: 'Put the shard group inside a
+    node', 'keep those inside a node', 'reshard after fwd', 'all-reduce the grads once'. A noun
+    that can be a verb ('state', 'peak', 'copy') starts one only when an object or a particle
+    follows it, never a preposition ('copy of the model')."""
+    j = 0
+    while j < len(words) and words[j] in _LEAD:
+        j += 1
+    if (
+        j < len(words) - 1
+        and words[j] in ("all", "reduce")
+        and words[j + 1]
+        in (
+            "reduce",
+            "gather",
+            "scatter",
+        )
+    ):
+        j += 1  # 'all-reduce the grads', 'all-gather them', 'reduce-scatter the grads'
+    if j >= len(words) - 1:
+        return False
+    w, nxt = words[j], words[j + 1]
+    after = words[j + 2] if j + 2 < len(words) else ""
+    verb = en_lemmas(w).get("VERB", ())
+    # or an adjective, then the thing: 'keep full params', 'free gathered weights'
+    # ('lower peak memory', 'higher peak mem' are things: a word that is an adjective itself)
+    described = (
+        "ADJ" not in en_lemmas(w)
+        and ("ADJ" in en_lemmas(nxt) or nxt.endswith("ed"))
+        and ("NOUN" in en_lemmas(after) or after in ("params", "grads"))
+    )
+    return (w in verb or w in _DOMAIN_VERBS) and (nxt in _AFTER_LEAD_VERB or described)
+
+
 def _is_verb_form(words: list, i: int) -> bool:
     """Is words[i] an inflected verb? lemminflect's tables tell a plural ('shards': a noun only)
     from a verb form ('frees', 'kept'); a form that can be either ('keeps', 'gathers') is the verb
@@ -342,7 +393,16 @@ def _is_verb_form(words: list, i: int) -> bool:
             return True
         # a plural noun is not followed by another plural in a noun phrase ('gradient shards'):
         # after one, an -s form is the verb ('the all-reduce of gradient shards crosses nodes')
-        return w.endswith("s") and _plural_noun(prev) and bool(nxt)
+        if w.endswith("s") and _plural_noun(prev) and bool(nxt):
+            return True
+        # after a thing named in the singular, an -s form followed by an amount or by things is the
+        # verb ('the copy costs 8P/N bytes', 'nothing big crosses nodes'); 'optimizer states' alone,
+        # or before 'and', stays a noun phrase
+        return (
+            w.endswith("s")
+            and (_singular_noun(prev) or _QUANTIFIER.intersection(words[max(0, i - 2) : i]))
+            and (nxt[:1].isdigit() or _plural_noun(nxt))
+        )
     if verb and i and _plural_noun(prev):
         # a base form after a plural noun: 'the all-gathers happen inside', 'gradients stay sharded'
         return "NOUN" not in lemmas or nxt in _OBJECT_START
@@ -362,22 +422,29 @@ def _is_verb_form(words: list, i: int) -> bool:
     return False
 
 
-def carries_verb(clause: str) -> bool:
+def carries_verb(clause: str, opens: bool = True) -> bool:
     """Is the clause a statement rather than a keyword list? English: an auxiliary, a pronoun
     subject, '=', or an inflected verb (lemminflect: not a plural). Chinese (no inflection to go
     by): three characters or more, not written as space-separated keywords ('释放 参数 显存')."""
     if len(_CJK_CHAR.findall(clause)) >= 3:
         return not _ZH_KEYWORD_RUN.search(clause)
+    if _ZH_VERB_TERM.search(clause):
+        return True  # a note: '起 worker + 设 env', '存 shard
     if "=" in clause or _AUX_EN.search(clause):
         return True
-    words = re.findall(r"[a-z][a-z']*", clause)
+    words = re.findall(r"[a-z][a-z']*|(?<![a-z])\d\w*", clause)  # an amount is a word ('8p')
     if re.search(r"(?<![a-z])to\s+[a-z]+", clause) and any(
         "VERB" in en_lemmas(m) for m in re.findall(r"(?<![a-z])to\s+([a-z]+)", clause)
     ):
         return True
-    return any(_is_verb_form(words, i) for i in range(len(words)))
+    # a verb that starts the clause counts where a statement can start: not an item after a comma
+    # ('peak memory, prefetch, reshard after use' is a list)
+    return (opens and _leading_verb(words)) or any(
+        _is_verb_form(words, i) for i in range(len(words))
+    )
 
 
+_BULLET = re.compile(r"^(?:[-*•·]|\d{1,2}[.)])\s+")
 _LIST_SEP = re.compile(r"\s*(?:[,，、/;；|+]|(?<![a-z])and(?![a-z])|和)\s*")
 
 
@@ -414,7 +481,8 @@ def keyword_list(sentence: str) -> bool:
     phrase: 'RANK, LOCAL_RANK, WORLD_SIZE, --max-restarts', '释放、参数、显存',
     '环境变量 rank 会合 重启'.
     (A Chinese word is a jieba word; an identifier like LOCAL_RANK or a flag is one word.)"""
-    text = unicodedata.normalize("NFKC", sentence).strip().lower()
+    # a bullet ('- ', '* ', '• ', '1. ') marks a line, not a flag: the line is read without it
+    text = _BULLET.sub("", unicodedata.normalize("NFKC", sentence).strip().lower())
     if _AUX_EN.search(normalise(text)):
         return False
     items = [i for i in _LIST_SEP.split(text) if i.strip()]
@@ -439,7 +507,7 @@ def keyword_list(sentence: str) -> bool:
         # params')
         verb = (
             len(ascii_words) > 1
-            and not item.strip().startswith("-")
+            and not item.strip().startswith("-")  # a flag ('--max-restarts')
             and any(_is_verb_form(plain, i) for i in range(len(plain)))
         )
         return short and not verb and not _zh_phrase(item)
@@ -449,8 +517,14 @@ def keyword_list(sentence: str) -> bool:
     listed = [keyword(i) for i in items]
     # a long run of items is a list even when one of them is not a term: a verb-like compound
     # ('activation checkpointing, activations, long sequence, batch size, recompute, ...') or a
-    # run of spaced terms ('分片、集合通信、rank 0、DCP 元数据 FULL_STATE_DICT 优化器状态')
-    return all(listed) or (len(items) >= 6 and sum(listed) >= len(items) - 1)
+    # run of spaced terms ('分片、集合通信、rank 0、DCP 元数据 FULL_STATE_DICT 优化器状态'); but a
+    # first item with a verb is the statement that introduces the run ('each worker gets RANK,
+    # LOCAL_RANK, WORLD_SIZE, ...')
+    first = re.findall(r"[a-z][a-z']*", normalise(items[0]))
+    opens = not any(
+        j and first[j].endswith("s") and _is_verb_form(first, j) for j in range(len(first))
+    )
+    return all(listed) or (len(items) >= 6 and opens and sum(listed) >= len(items) - 1)
 
 
 # --- phrasings -----------------------------------------------------------------------------------
@@ -638,12 +712,13 @@ _CAUSATIVE = re.compile(r"\s?(?:会|能|)\s?(?:让|使|令|叫)|\s?(?:let|make|a
 # between still ends it ("梯度不分片会多占显存" does not deny 多占显存).
 _ZH_ADVERBS = (
     r"(?:\s?(?:会|能|要|该|应该|需要|用|再|还|就|都|也|是|有|一直|继续|马上|立刻|立即|直接|再次|"
-    r"重新|必|总|总是|一定|真的|完全|根本|曾)\s?)*"
+    r"重新|必|总|总是|一定|真的|完全|根本|曾|法)\s?)*"  # 法: the rest of 没法 / 无法
 )
 _ZH_PREPOSITION = re.compile(
     r"(?:在|从|于|等到|直到|到|像|跟|和|与|比)[^,，]{1,10}?"
     r"(?:之后|以后|之前|以前|后|前|时|的时候|时候|期间|里|中|内|上|那么|这么|那样|一样|似的)"
-    r"|(?:把|将|被|给|对)\s?(?:[\u4e00-\u9fff]{1,4}|[a-z0-9 ]{1,20}?)"
+    # 换 as a coverb: '没法换布局加载', '不能换 world size 加载' (load with another layout)
+    r"|(?:把|将|被|给|对|换个|换)\s?(?:[\u4e00-\u9fff]{1,4}|[a-z0-9 ]{1,20}?)"
     r"(?=\s?[\u4e00-\u9fff]|\s?[a-z]+$)"
 )
 
@@ -660,6 +735,8 @@ def _zh_scope(between: str) -> str:
 
 def _reaches(clause: str, cue_end: int, start: int) -> bool:
     between = clause[cue_end:start]
+    if "重新" in between:
+        return False  # "没法重新切分" denies re-sharding, not the sharding a phrasing names
     if _CAUSATIVE.match(
         between
     ):  # "不会让每个 rank 保留 ...", "does not let each rank keep ...": all of it
@@ -768,7 +845,9 @@ _NEG_AFTER = re.compile(
     # a negative object right after the verb: "FSDP frees nothing until ...", "it saves none"
     r"|\s(?:nothing|none)(?![a-z0-9])"
     r"|\s(?:is|are|gets|get|becomes|become|was|were) (?:disabled|turned off|impossible|lost|"
-    r"broken|gone|blocked|not possible)(?![a-z0-9])"
+    r"broken|gone|blocked|not possible|skipped|avoided|eliminated)(?![a-z0-9])"
+    # done without: "第二次收集省掉了", "这次 all-gather 被省去"
+    r"|\s?(?:就|也|都|)\s?(?:被|)\s?(?:省掉|省去|免去|去掉|跳过)"
 )
 
 
@@ -821,6 +900,9 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
             continue
         if not anchor <= c < match.end() or any(a <= c < b for a, b in literal):
             continue
+        if c == match.start() and _WITHOUT.match(clause, c):
+            continue  # the phrasing's own 'without' ('没有 DCP 的元数据 ... 加载'): its words
+
         # the words it denies: the next literal of the phrasing (a cue in a gap) or the phrasing
         target = min((a for a, _ in literal if a >= c_end), default=match.end())
         if _AND.search(clause, c, target) or not (whole or _reaches(clause, c_end, target)):
@@ -834,11 +916,17 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
             # denies the verdict, not what the condition says
             continue
         cues.append(c)
+    whole_clause = _DENIES_CLAUSE.match(clause)
+    if whole_clause and whole_clause.end() <= anchor and not any(c < anchor for c in cues):
+        # "It's not that DDP averages the weights", "Nor do you start the processes", "不是 DDP
+        # 平均了权重": a denial before the subject denies the whole clause
+        cues.append(whole_clause.start())
     after = _NEG_AFTER.match(clause, match.end())
     before_subject = [
         w
         for w in _WITHOUT.finditer(clause, 0, anchor)
         if w.end() <= anchor
+        and w.start() < match.start()  # not the phrasing's own 'without' ('没有 DCP ... 加载')
         and len(re.findall(r"[a-z0-9']+", clause[w.end() : anchor])) <= 3
         and len(_CJK_CHAR.findall(clause[w.end() : anchor])) <= 6
     ]
@@ -853,11 +941,19 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
     # a verb that undoes its object denies it: "DDP overwrites each rank's own init" says the own
     # init is not kept, so "nothing overwrites each rank's own init" (没有任何东西覆盖) says it is
     undone = any(
-        _reaches(clause, u.end(), match.start())
+        _reaches(clause, u.end(), match.start()) and not _AND.search(clause, u.end(), match.start())
         for u in _UNDO.finditer(clause, anchor, match.start())
     )
     return (len(cues) + bool(after) + undone) % 2 == 0
 
+
+# a denial of the whole clause, before its subject
+_DENIES_CLAUSE = re.compile(
+    r"^\s?(?:(?:and|but|so)\s)?"
+    r"(?:(?:it'?s|it is|this is|that'?s|that is)\s(?:not|n't)\s(?:that|because)|"
+    r"not that|not because|nor\s(?:do|does|did|is|are|can|will|would|has|have|must|should)|"
+    r"(?:而|但|也)?(?:并不是|并非|不是说|不是因为|不是))(?![a-z0-9])\s?"
+)
 
 _UNDO = re.compile(
     r"(?<![a-z])(?:overwr\w*|overrid\w*|replac\w*|clobber\w*|erase\w*|discard\w*|wipe\w*)"
@@ -1214,7 +1310,9 @@ _REMEDY = re.compile(
 _COUNTERFACTUAL = re.compile(
     r"(?:if (?:you |we |one |)(?:do not|don't|dont|didn't|never|skip)|if not|without|with no|"
     r"otherwise|else|if there is no|when there is no)(?![a-z])|如果不|若不|要是不|不按|不设|不用|"
-    r"没有设|否则|不然"
+    r"没有设|否则|不然|"
+    # 'not wrapped' as the alternative: 不包的话, 不做 wrap 的话, 不 wrap
+    r"不(?:按\s?block\s?|分块|单独)?(?:包(?![括含])|做\s?wrap|wrap)"
 )
 _BOTH = re.compile(
     r"(?<![a-z0-9])(?:both|neither|either of them|the two)(?![a-z0-9])|两者|二者|两种|两个策略|"
@@ -1226,9 +1324,13 @@ _BOTH = re.compile(
 # "what differs is ...", "it's a memory-versus-communication choice", "区别在于 ...", "本质上是 ..."
 _FRAME = re.compile(
     # a hedge before it changes nothing: "I believe it's about ...", "我理解区别在于 ..."
-    r"^(?:(?:i think|i believe|i guess|basically|我理解|我觉得|我认为)\s?,?\s?)?"
-    r"(?:the (?:main |key |real |whole |)(?:difference|point|question|idea|crux) (?:is|lies)|"
-    r"(?:the two|they|both) (?:only |)differ (?:only |)(?:in|by)|(?:差别|区别|不同之处)(?:只|)在|"
+    r"^(?:(?:i think|i believe|i guess|basically|in short|我理解|我觉得|我认为|先说结论|一句话|"
+    r"简单来说)"
+    r"\s?[,:：]?\s?)?"
+    r"(?:the (?:main |key |real |whole |)(?:difference|point|question|idea|crux) "
+    r"(?:is|lies|comes)|"
+    r"(?:the two|they|both) (?:only |)differ (?:only |)(?:in|by)|"
+    r"(?:差别|区别|不同之处|不同点)(?:只|)在|"
     r"what (?:differs|matters|changes) is|it'?\s?s (?:all |)(?:about|a [a-z ]{0,30}(?:choice|"
     r"trade ?off|trade|deal|exchange))|it is (?:all |)(?:about|a [a-z ]{0,30}(?:choice|trade ?off|"
     r"trade|deal|exchange))|think of|(?:区别|差别|不同|关键|核心|重点)(?:就|)(?:在于|是)|(?:本质上|"
@@ -1236,6 +1338,8 @@ _FRAME = re.compile(
     # what the answer depends on: "it depends on the batch", "看每张卡上的 batch 大不大"
     r"|(?:it |that |this |)(?:all |)depends on|取决于"
     r"|(?:这|)(?:主要|)(?:要|得|就|)看(?!到|见|出|起来)"
+    # "这题其实就是看 ...", "选择依据就是 ..."
+    r"|(?:这题|这道题|这个问题|选择依据|选择标准)(?:其实|)(?:就|)(?:是|在于)"
     # "关键在广播", "关键就差在一次广播"
     r"|(?:关键|核心|重点|区别|差别)(?:就|)差?在(?!于))"
 )
@@ -1256,9 +1360,17 @@ _TRADE_FRAME = re.compile(
 )
 
 
+# a short sentence that announces how many things follow: "torchrun does two jobs", "torchrun 主要干
+# 两件事", "Some side remarks:"
+_COUNT_FRAME = re.compile(
+    r"(?<![a-z])(?:does|do|has|have|plays|serves) (?:two|three|2|3) (?:jobs|things|roles|parts)"
+    r"(?![a-z])|(?:干|做|负责|有|管)(?:两|三|2|3)\s?件事"
+)
+
+
 def _framing(sentence: str, subjects: dict) -> bool:
     norm = normalise(sentence)
-    if _TRADE_FRAME.search(norm) and word_count(norm) <= 12:
+    if (_TRADE_FRAME.search(norm) or _COUNT_FRAME.search(norm)) and word_count(norm) <= 12:
         return True
     rest = _FRAME.match(norm)
     return (
@@ -1282,8 +1394,15 @@ def _ellipsis(clause: str, subjects: dict) -> bool:
     return bool(named) and named[0].start <= 8 and (word_count(head) <= 4 or bool(listed))
 
 
+_IF_CLAUSE = re.compile(r"^(?:if|如果|要是|假如|若)(?![a-z])")
+_ROOT = re.compile(
+    r"^(?:(?:because|since|as|but|and|so|因为|但|而|)\s?)(?:the\s)?(?:root|根单元|根模块|根)(?![a-z])"
+)
+
 # the words before ", which ..." that the relative clause may be about ("gives each process RANK")
 _RELATIVE_TAIL = 3
+# a description of the name before it: "its global index", "the index on this node", "即全局编号"
+_APPOSITIVE = re.compile(r"^(?:its|their|the|i e|e g|即|也就是|就是)\s")
 
 _CF_CLAUSE = re.compile(
     r"^(?:without (?:it|this|that|them|syncing|sync|synchroni[sz]ing)|otherwise|if not|else|不然|"
@@ -1301,7 +1420,9 @@ def read_answer(text: str, secret: dict) -> Reading:
     # a sentence is a statement when one of its clauses carries a verb and it is not a keyword
     # list ('rank, local_rank, world_size', '释放、参数、显存')
     lists = {s for s, sent in enumerate(sentence_text) if keyword_list(sent)}
-    stated = {c.sentence for c in all_clauses if carries_verb(c.norm)} - lists
+    stated = {
+        c.sentence for c in all_clauses if carries_verb(c.norm, c.opener not in (",", "，", "、"))
+    } - lists
     reading.stated_sentences = len(stated)
 
     def apply(events, quote):
@@ -1341,8 +1462,12 @@ def read_answer(text: str, secret: dict) -> Reading:
             continue
         # a side remark in brackets, or a clause about both ("两者都...", "both keep ...",
         # "neither"), takes no subject from before it
+        # a clause about the root unit ("the root stays gathered from forward to backward",
+        # "根单元从前向一直留到反向") is about the exception to what the subject before does
         clause_inherited = (
-            None if c.aside or c.sentence in remedies or _BOTH.search(c.norm) else inherited
+            None
+            if c.aside or c.sentence in remedies or _BOTH.search(c.norm) or _ROOT.match(c.norm)
+            else inherited
         )
         # "..., without it every rank normalises with its own statistics": the clause is about the
         # alternative; its 'without' denies nothing of what follows (like a sentence about the
@@ -1361,12 +1486,25 @@ def read_answer(text: str, secret: dict) -> Reading:
             inherited_here=inherited_sentence == c.sentence,
         )
         prev = all_clauses[i - 1] if i else None
-        if c.opener in ("which", "who") and prev is not None and prev.sentence == c.sentence:
+        relative = c.opener in ("which", "who")
+        # "LOCAL_RANK, its global index over the whole job, ...", "RANK (the index on this
+        # node)": a noun phrase right after a name, between commas or in brackets, says what
+        # that name is, like a relative clause
+        appositive = (
+            not relative
+            and not accounted
+            and (c.opener in (",", "，", "(", "（") or c.aside)
+            and _APPOSITIVE.match(norm)
+            # its own relative clause aside ('its index inside the node that you use to ...')
+            and not carries_verb(re.split(r"\s(?:that|which|who)\s", norm)[0], False)
+        )
+        if (relative or appositive) and prev is not None and prev.sentence == c.sentence:
             # ", which is its index on the local node": a relative clause says it of the noun
             # right before it ("RANK"); read the two together, keep what needs both
             tail = " ".join(prev.norm.split()[-_RELATIVE_TAIL:])
+            copula = "" if relative else ("是" if _CJK_CHAR.search(norm) else "is")
             joined, _ = _read_clause(
-                f"{tail} {norm}", secret, subjects, owners, clause_inherited, reading.trace
+                f"{tail} {copula} {norm}", secret, subjects, owners, clause_inherited, reading.trace
             )
             alone, _ = _read_clause(tail, secret, subjects, owners, clause_inherited, [])
             extra = [e for e in joined if e not in alone and e not in events]
@@ -1438,6 +1576,14 @@ def read_answer(text: str, secret: dict) -> Reading:
             # by default: what it states is credited, a form read the other way round is no
             # misconception; a misconception entry is false whatever the sentence is about
             apply([e for e in events if e[0] != "wrong" or e[1][1] == -1], c.text)
+        elif (
+            _IF_CLAUSE.match(c.norm)
+            and i + 1 < len(all_clauses)
+            and all_clauses[i + 1].sentence == c.sentence
+        ):
+            # "if only rank 0 calls it, it hangs": a condition supposes what a misconception entry
+            # says, and the clause after it says what follows; only a form is read
+            apply([e for e in events if e[0] != "wrong" or e[1][1] != -1], c.text)
         else:
             apply(events, c.text)
         topical = is_topical(c.norm, secret)
@@ -1451,7 +1597,7 @@ def read_answer(text: str, secret: dict) -> Reading:
             # nothing: read, credited with nothing (a misconception entry in it is still false)
             reading.trace.append(f"[{c.norm}] about the alternative, or a heading: read")
             read_sentences.add(c.sentence)
-        elif topical and carries_verb(c.norm):
+        elif topical and carries_verb(c.norm, c.opener not in (",", "，", "、")):
             reading.trace.append(f"[{c.norm}] about the topic, but nothing the question knows")
             if c.sentence not in unread:
                 unread.append(c.sentence)

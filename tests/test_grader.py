@@ -1598,3 +1598,170 @@ def test_a_denial_right_before_a_phrasing_that_names_its_subject_denies_it():
     ).misconceptions
     r = claims.read_answer("要自己手动传 rank。", secret)
     assert [m[0] for m in r.misconceptions] == ["manual"]
+
+
+def test_a_bulleted_line_is_a_statement_not_a_keyword_list():
+    line = (
+        "- Each worker gets RANK, LOCAL_RANK and WORLD_SIZE, plus MASTER_ADDR/MASTER_PORT for the "
+        "rendezvous, as environment variables."
+    )
+    assert not claims.keyword_list(line)
+    # a flag stays a term, and a bulleted run of terms is still a list
+    assert claims.keyword_list("- RANK, LOCAL_RANK, WORLD_SIZE, --max-restarts")
+    assert claims.keyword_list(
+        "sharded state dict, FULL_STATE_DICT, all-gather, rank 0, DCP, get_state_dict, metadata"
+    )
+
+
+@pytest.mark.parametrize(
+    "text,verb",
+    [
+        ("the copy costs 8P/N bytes per rank", True),  # an -s verb after a singular noun
+        ("nothing big crosses nodes", True),
+        ("Keep those inside a node", True),  # an instruction
+        ("Put the shard group inside a node", True),
+        ("all-reduce the grads across the replicas", True),
+        ("reshard after fwd", True),  # a note
+        ("起 worker + 设 env", True),
+        ("optimizer states", False),  # a noun phrase stays one
+        ("copy of the model", False),
+        ("peak memory", False),
+        ("the gradient shards", False),
+    ],
+)
+def test_notes_instructions_and_s_verbs_after_a_singular_noun_are_statements(text, verb):
+    assert claims.carries_verb(claims.normalise(text)) is verb
+
+
+def test_a_verb_opening_an_item_after_a_comma_does_not_make_a_list_a_statement():
+    r = read("peak memory, one block at a time, prefetch, overlap, reshard after use")
+    assert r.stated_sentences == 0
+    r = read("Keep those inside a node, so nothing big crosses nodes.")
+    assert r.stated_sentences == 1
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "It's not that full shard frees the params after forward.",
+        "Nor does full shard free the params after forward.",
+        "不是前者释放了参数。",
+    ],
+)
+def test_a_denial_before_the_subject_denies_the_whole_clause(text):
+    r = read(text)
+    assert "frees" not in r.supported and [m[0] for m in r.misconceptions] == ["frees"], r.trace
+    # without it the same clause is the statement
+    plain = read(re.sub(r"^(It's not that|Nor does|不是)\s?", "", text).replace("free ", "frees "))
+    assert "frees" in plain.supported, plain.trace
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "不包的话就是整个模型一次性收集",
+        "不做 wrap 的话 root 就是整个模型",
+        "不按 block 包，峰值就是整模型",
+    ],
+)
+def test_not_wrapping_opens_a_sentence_about_the_alternative(text):
+    assert claims._COUNTERFACTUAL.match(claims.normalise(text))
+    # '包' alone is no denial of wrapping ('不包括' is 'does not include')
+    assert not claims._COUNTERFACTUAL.match(claims.normalise("不包括优化器状态"))
+
+
+def test_a_verb_that_undoes_does_not_reach_across_and():
+    r = quizzes.grade(
+        "lesson6",
+        "q_ddp_hides_init",
+        "DDP overwrites the other ranks' weights and each rank keeps its own init.",
+        "en",
+    )
+    assert r.details["misconceptions"], r.details
+
+
+def test_a_note_keeps_its_verb_before_an_adjective_and_its_thing():
+    assert claims.carries_verb(claims.normalise("keep full params fwd->bwd"))
+    # a comparative before a thing is a noun phrase
+    assert not claims.carries_verb(claims.normalise("lower peak memory"))
+
+
+@pytest.mark.parametrize(
+    "text,false",
+    [
+        (
+            "Each worker gets LOCAL_RANK, its global index over the whole job, plus WORLD_SIZE.",
+            True,
+        ),
+        ("Each worker gets RANK, its global index over the whole job, plus WORLD_SIZE.", False),
+    ],
+)
+def test_a_description_after_a_name_is_read_of_that_name(text, false):
+    r = quizzes.grade("lesson0", "q_torchrun_setup", text, "en")
+    assert bool(r.details["misconceptions"]) is false, (r.details, r.feedback)
+
+
+@pytest.mark.parametrize(
+    "text,false",
+    [
+        ("分片文件没有 DCP 的元数据也没法换布局加载。", False),  # 没法 reaches past 换布局
+        ("没有 DCP 的元数据就没法在别的布局上加载。", False),
+        ("没有 DCP 的元数据也能换 world size 加载。", True),
+    ],
+)
+def test_without_its_own_without_and_a_chinese_modal_denial(text, false):
+    r = quizzes.grade("lesson4", "q_why_not_torch_save", text, "zh")
+    assert bool(r.details["misconceptions"]) is false, (r.details, r.feedback)
+
+
+def test_a_denial_of_redoing_is_not_a_denial_of_the_thing():
+    # '没法重新切分' denies re-sharding: it reaches no phrasing of sharding itself
+    assert not claims._reaches("也没法重新切分", 2, 5)
+    assert claims._reaches("也没法切分", 2, 3)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "FULL_SHARD frees each block after its forward. The root stays gathered from forward to "
+        "backward.",
+        "FULL_SHARD 每个 block 前向后就释放。根单元从前向一直留到反向。",
+    ],
+)
+def test_a_clause_about_the_root_unit_takes_no_subject_from_before(text):
+    r = quizzes.grade("lesson1", "q_full_vs_shard_grad_op", text, "zh" if "根" in text else "en")
+    assert not r.details["misconceptions"], (r.details, r.feedback)
+
+
+def test_a_misconception_entry_supposed_by_an_if_clause_is_no_statement():
+    secret = copy.deepcopy(DEMO)
+    r = claims.read_answer("If the shard size makes no difference, the model still trains.", secret)
+    assert not r.misconceptions, r.trace
+    r = claims.read_answer("There is no difference in memory at all.", secret)
+    assert [m[0] for m in r.misconceptions] == ["same"], r.trace
+
+
+def test_an_omission_after_the_phrasing_denies_it():
+    assert claims._NEG_AFTER.match("第二次收集省掉了".replace("第二次收集", ""))
+    assert claims._NEG_AFTER.match(" is skipped")
+
+
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        "我理解 torchrun 主要干两件事。",
+        "Basically torchrun does two jobs.",
+        "The difference comes after forward.",
+        "不同点在于 gather 出来的完整参数活多久。",
+        "选择依据就是显存和带宽哪个更紧。",
+        "这题其实就是看显存和通信哪个更紧张。",
+    ],
+)
+def test_frames_that_announce_what_follows(sentence):
+    assert claims._framing(sentence, {}), sentence
+    # a frame is short: a long sentence with a count in it is a statement
+    assert not claims._framing(
+        "torchrun does two jobs and also shards the model over every rank so that each rank "
+        "only keeps its own slice of the parameters.",
+        {},
+    )
