@@ -47,6 +47,8 @@ PSEUDO_HELDOUT = (
     "training round 8",
     "training round 9",
     "training round 10",
+    "training round 11",
+    "training round 12",
 )
 
 
@@ -146,6 +148,12 @@ PSEUDO_HELDOUT_BOUNDS = {
     ),
     "training round 10": dict(
         n=240, wrong_correct=0, correct_wrong=0, right_missed=38, wrong_wrong=118
+    ),
+    "training round 11": dict(
+        n=240, wrong_correct=3, correct_wrong=0, right_missed=40, wrong_wrong=100
+    ),
+    "training round 12": dict(
+        n=240, wrong_correct=1, correct_wrong=0, right_missed=42, wrong_wrong=106
     ),
 }
 
