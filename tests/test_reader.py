@@ -2,6 +2,7 @@
 withhold the rules' verdict, never give one."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -118,3 +119,24 @@ def test_cross_validation_grades_each_source_with_a_reader_trained_without_it(tm
     for name in sources:
         assert f"  {name}" in proc.stdout
     assert "graded by a second reading trained without it" in proc.stdout
+
+
+def test_report_rules_only_grades_without_the_second_reading(tmp_path, capsys):
+    """`report --rules-only`: what the rules read, the second reading switched off (the README's
+    'rules alone' rows); it has no second reading to cross-validate."""
+    from quizzes import cli
+
+    folder = tmp_path / "answers"
+    folder.mkdir()
+    item = {"label": "correct", "lang": "en", "kind": "right", "answer": reference()}
+    (folder / "lesson1.json").write_text(
+        json.dumps({"lesson": LESSON, "questions": {QID: [item]}}, ensure_ascii=False)
+    )
+    with reader.trained_on(answers(PIZZA, FSDP)):  # a reader that doubts every FSDP answer
+        cli.main(["report", str(folder)])
+        assert re.search(r"correct \(all\)\s+0\s+0\s+1\s+1", capsys.readouterr().out)
+        cli.main(["report", str(folder), "--rules-only"])
+        assert re.search(r"correct \(all\)\s+1\s+0\s+0\s+1", capsys.readouterr().out)
+        assert reader.p_right(LESSON, QID, reference()) is not None  # switched back on
+    assert cli.main(["report", str(folder), "--rules-only", "--cross-validate"]) == 2
+    assert "no second reading" in capsys.readouterr().err
