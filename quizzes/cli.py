@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="*",
         metavar="CORPUS_DIR",
         help="folders (or files) of labelled answers, each reported on its own "
-        "(default: quizzes/labelled_answers and tests/data/quiz_heldout)",
+        "(default: quizzes/labelled_answers, tests/data/quiz_validation and "
+        "tests/data/quiz_heldout)",
     )
     r.add_argument(
         "--cross-validate",
@@ -485,7 +486,11 @@ def cmd_corpus(args) -> int:
     return 0 if ok else 1
 
 
-REPORT_SETS = ("quizzes/labelled_answers", "tests/data/quiz_heldout")
+REPORT_SETS = (
+    "quizzes/labelled_answers",
+    "tests/data/quiz_validation",
+    "tests/data/quiz_heldout",
+)
 
 
 def cmd_report(args) -> int:

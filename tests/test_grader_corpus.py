@@ -184,6 +184,24 @@ def test_every_open_question_has_a_heldout_set(lesson, qid):
     assert len(items) >= 24 and {i["lang"] for i in items} == {"en", "zh"}
 
 
+VALIDATION_DIR = Path(__file__).resolve().parent / "data" / "quiz_validation"
+
+
+def test_validation_answers_are_in_neither_the_labelled_nor_the_heldout_answers():
+    """The validation rounds choose between versions of the grader: none of their answers may be
+    one the rules or the second reading were tuned on, or one the held-out set measures."""
+    seen = {g.item["answer"] for g in corpus.grade_corpus([HELDOUT_DIR])} | {
+        i["answer"]
+        for path in CORPUS_DIR.glob("*.json")
+        for items in corpus.read_corpus(path)["questions"].values()
+        for i in items
+    }
+    validation = corpus.grade_corpus([VALIDATION_DIR])
+    assert {g.item["source"] for g in validation} == {"validation round 13", "validation round 14"}
+    both = [g.item["answer"] for g in validation if g.item["answer"] in seen]
+    assert not both, both[:3]
+
+
 def test_heldout_answers_are_not_in_the_tuning_corpus():
     """The held-out set measures answers neither the rules nor the second reading (trained on the
     labelled answers) have seen: none of its answers may be among the labelled answers."""
