@@ -70,7 +70,7 @@ _AGENT = re.compile(r"(?:(?<![a-z0-9])by\s+(?:the\s+)?$)|(?:[被由让]\s*$)")
 
 # English negation: whole words; "no" before "sync"/"shard" is the name no_sync / NO_SHARD.
 _NEG_EN = re.compile(
-    r"(?<![a-z0-9])(?:not(?! only)|no(?! (?:sync|shard|matter))|never|without|nothing|none|neither|"
+    r"(?<![a-z0-9])(?:not(?! only)|no(?! (?:sync|shard|matter))|never|without|nothing|none|nobody|neither|"
     r"nor|cannot|hardly|instead of|rather than|prevent\w*|avoid\w*|skip\w*|omit\w*|\w+n't|doesnt|"
     r"dont|isnt|cant|wont|arent|didnt|wasnt|werent|shouldnt|wouldnt|couldnt|hasnt|havent|neednt|"
     r"mustnt)(?![a-z0-9])"
@@ -135,6 +135,8 @@ _NOT_NEG_ZH = {
 # 要不 / 要么 ... 要不: "or else", no denial
 _NOT_NEG_ZH_RE = re.compile(
     r"未\s?分片|非分片|是不是|要不要|能不能|会不会|要不(?!要)"
+    # "为什么不包得更细": a question that weighs the option, no denial of it
+    r"|(?:为什么|为啥|为何|干嘛|怎么)\s?不"
     # "不 wrap 时的整个模型", "没有 shard 的时候", "不分片的话": a condition (when it is not
     # wrapped), which denies nothing of the clause around it
     r"|(?<![不没])(?:不|没有?)\s?(?:[a-z][a-z_]*|包装|分片|切分|包|做检查点)\s?(?:时|的时候|的话)"
@@ -713,9 +715,17 @@ def _zh_negations(clause: str) -> list:
     return out
 
 
+_WHY_BEFORE = re.compile(r"(?<![a-z])why\s(?:(?:do|does|would|should)\s)?$")
+
+
 def negation_cues(clause: str) -> list:
     """[(start, end, reaches_whole_clause)] of the negation cues in a normalised clause."""
-    cues = [(m.start(), m.end(), False) for m in _NEG_EN.finditer(clause)]
+    # "why not wrap finer?", "why don't we keep them": a question that weighs the option
+    cues = [
+        (m.start(), m.end(), False)
+        for m in _NEG_EN.finditer(clause)
+        if not _WHY_BEFORE.search(clause, 0, m.start())
+    ]
     # "neither A nor B broadcasts": one denial, not two that cancel out
     neither = re.search(r"(?<![a-z0-9])neither(?![a-z0-9])", clause)
     if neither:
@@ -934,6 +944,10 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
         target = min((a for a, _ in literal if a >= c_end), default=match.end())
         if _AND.search(clause, c, target) or not (whole or _reaches(clause, c_end, target)):
             continue
+        more = _MORE_THAN.search(clause, c_end, match.end())
+        if more and not any(a <= more.start() < b for a, b in literal):
+            # "no rank ever holds more than about one block": denied 'more than X' is 'at most X'
+            continue
         if _COMPARATOR.fullmatch(clause, c, c_end) and any(a < c for a, _ in literal):
             # "costs 4P instead of 4P/N of memory": 'instead of' inside the phrasing takes its own
             # object
@@ -972,6 +986,9 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
         for u in _UNDO.finditer(clause, anchor, match.start())
     )
     return (len(cues) + bool(after) + undone) % 2 == 0
+
+
+_MORE_THAN = re.compile(r"(?<![a-z])(?:more|bigger|larger|higher) than(?![a-z])|超过")
 
 
 # a denial of the whole clause, before its subject
