@@ -40,9 +40,16 @@ _CLAUSE_SPLIT = re.compile(
     # into "to" / "到" before (_arrows)
     r"|\s*(?:" + _DASH + r"|\s--\s|\s–\s)\s*"
     # "only while it runs", "just because": a condition of the clause, not a new statement
-    r"|(?<!\bonly)(?<!\bjust)\s(?:but|while|whereas|although|though|however|yet|"
+    # "only fits because it is sharded": the reason is the condition of "only" one word before
+    r"|(?<!\bonly)(?<!\bjust)"
+    + "".join(rf"(?<!\bonly\s{'[a-z]' * n})" for n in range(2, 12))
+    + r"\s(?:because|since)\s"
+    # "anything but the shards", "nothing but its slice": 'but' as 'except' ends no clause
+    r"|(?<!\bonly)(?<!\bjust)"
+    r"(?<!\banything)(?<!\bnothing)(?<!\beverything)(?<!\bnone)(?<!\ball)(?<!\bno one)"
+    r"\s(?:but|while|whereas|although|though|however|yet|"
     # "so big that ...", "so much that": a degree, not a consequence
-    r"so(?!\s[a-z]+\s(?:that|as)\s)|because|since|"
+    r"so(?!\s[a-z]+\s(?:that|as)\s)|"
     r"which|therefore|thus|hence)\s"
     # a connective, not the same character inside a word: 反而 (on the contrary), 而且, 进而, 不但,
     # 否则, 规则 (而 / 但 / 则 alone are 'but' / 'whereas')
@@ -63,7 +70,7 @@ _AGENT = re.compile(r"(?:(?<![a-z0-9])by\s+(?:the\s+)?$)|(?:[被由让]\s*$)")
 
 # English negation: whole words; "no" before "sync"/"shard" is the name no_sync / NO_SHARD.
 _NEG_EN = re.compile(
-    r"(?<![a-z0-9])(?:not(?! only)|no(?! (?:sync|shard|matter))|never|without|nothing|none|neither|"
+    r"(?<![a-z0-9])(?:not(?! only)|no(?! (?:sync|shard|matter))|never|without|nothing|none|nobody|neither|"
     r"nor|cannot|hardly|instead of|rather than|prevent\w*|avoid\w*|skip\w*|omit\w*|\w+n't|doesnt|"
     r"dont|isnt|cant|wont|arent|didnt|wasnt|werent|shouldnt|wouldnt|couldnt|hasnt|havent|neednt|"
     r"mustnt)(?![a-z0-9])"
@@ -126,7 +133,14 @@ _NOT_NEG_ZH = {
 }
 # 未分片 is "unsharded", one adjective
 # 要不 / 要么 ... 要不: "or else", no denial
-_NOT_NEG_ZH_RE = re.compile(r"未\s?分片|非分片|是不是|要不要|能不能|会不会|要不(?!要)")
+_NOT_NEG_ZH_RE = re.compile(
+    r"未\s?分片|非分片|是不是|要不要|能不能|会不会|要不(?!要)"
+    # "为什么不包得更细": a question that weighs the option, no denial of it
+    r"|(?:为什么|为啥|为何|干嘛|怎么)\s?不"
+    # "不 wrap 时的整个模型", "没有 shard 的时候", "不分片的话": a condition (when it is not
+    # wrapped), which denies nothing of the clause around it
+    r"|(?<![不没])(?:不|没有?)\s?(?:[a-z][a-z_]*|包装|分片|切分|包|做检查点)\s?(?:时|的时候|的话)"
+)
 # Verbs of omission reach their object anywhere in the clause ("省去了反向时的第二次 all-gather").
 _OMIT_ZH = {"避免", "阻止", "防止", "跳过", "省去", "省掉", "免去"}
 
@@ -445,7 +459,10 @@ def carries_verb(clause: str, opens: bool = True) -> bool:
 
 
 _BULLET = re.compile(r"^(?:[-*•·]|\d{1,2}[.)])\s+")
-_LIST_SEP = re.compile(r"\s*(?:[,，、/;；|+]|(?<![a-z])and(?![a-z])|和)\s*")
+# a slash or plus inside a number ('+1/3', '1/N') separates no items
+_LIST_SEP = re.compile(
+    r"\s*(?:[,，、;；|]|(?<!\d)/|/(?!\d)|\+(?!\d)|(?<![a-z])and(?![a-z])|和)\s*"
+)
 
 
 # words that make a run of Chinese a phrase rather than a term: particles, copula, auxiliaries
@@ -472,6 +489,18 @@ def _spaced_terms(text: str) -> bool:
             or (re.fullmatch(f"[{CJK}]{{1,4}}", t) and not _zh_phrase(t))
             for t in tokens
         )
+    )
+
+
+def _participle_term(words: list, i: int) -> bool:
+    """A participle that opens an item in front of its noun names a thing, not an action:
+    'sharded params', 'gathered weights' (but 'freed after forward' is a statement)."""
+    return (
+        i == 0
+        and len(words) > 1
+        and words[0].endswith("ed")
+        and words[1] not in _OBJECT_START
+        and not _is_verb_form(words, 1)
     )
 
 
@@ -508,7 +537,7 @@ def keyword_list(sentence: str) -> bool:
         verb = (
             len(ascii_words) > 1
             and not item.strip().startswith("-")  # a flag ('--max-restarts')
-            and any(_is_verb_form(plain, i) for i in range(len(plain)))
+            and any(_is_verb_form(plain, i) and not _participle_term(plain, i) for i in range(len(plain)))
         )
         return short and not verb and not _zh_phrase(item)
 
@@ -686,9 +715,17 @@ def _zh_negations(clause: str) -> list:
     return out
 
 
+_WHY_BEFORE = re.compile(r"(?<![a-z])why\s(?:(?:do|does|would|should)\s)?$")
+
+
 def negation_cues(clause: str) -> list:
     """[(start, end, reaches_whole_clause)] of the negation cues in a normalised clause."""
-    cues = [(m.start(), m.end(), False) for m in _NEG_EN.finditer(clause)]
+    # "why not wrap finer?", "why don't we keep them": a question that weighs the option
+    cues = [
+        (m.start(), m.end(), False)
+        for m in _NEG_EN.finditer(clause)
+        if not _WHY_BEFORE.search(clause, 0, m.start())
+    ]
     # "neither A nor B broadcasts": one denial, not two that cancel out
     neither = re.search(r"(?<![a-z0-9])neither(?![a-z0-9])", clause)
     if neither:
@@ -907,6 +944,10 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
         target = min((a for a, _ in literal if a >= c_end), default=match.end())
         if _AND.search(clause, c, target) or not (whole or _reaches(clause, c_end, target)):
             continue
+        more = _MORE_THAN.search(clause, c_end, match.end())
+        if more and not any(a <= more.start() < b for a, b in literal):
+            # "no rank ever holds more than about one block": denied 'more than X' is 'at most X'
+            continue
         if _COMPARATOR.fullmatch(clause, c, c_end) and any(a < c for a, _ in literal):
             # "costs 4P instead of 4P/N of memory": 'instead of' inside the phrasing takes its own
             # object
@@ -945,6 +986,9 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
         for u in _UNDO.finditer(clause, anchor, match.start())
     )
     return (len(cues) + bool(after) + undone) % 2 == 0
+
+
+_MORE_THAN = re.compile(r"(?<![a-z])(?:more|bigger|larger|higher) than(?![a-z])|超过")
 
 
 # a denial of the whole clause, before its subject

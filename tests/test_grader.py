@@ -1765,3 +1765,53 @@ def test_frames_that_announce_what_follows(sentence):
         "only keeps its own slice of the parameters.",
         {},
     )
+
+
+def test_a_condition_with_its_own_negation_denies_nothing_around_it():
+    # "而不是不 wrap 时的整个模型": the 不 of "when not wrapped" is the condition's
+    cues = claims.negation_cues(claims.normalise("而不是不 wrap 时的整个模型"))
+    assert len(cues) == 1, cues
+    assert len(claims.negation_cues(claims.normalise("不分片的话整个模型都在"))) == 0
+    # a negation of the verb itself still counts
+    assert claims.negation_cues(claims.normalise("前向之后不释放参数"))
+
+
+def test_a_number_with_a_slash_or_plus_is_one_item_of_a_note():
+    note = "代价：重计算，反向阶段重新执行被检查点 block 的 forward，FLOPs 约 +1/3，不增加通信。"
+    assert not claims.keyword_list(claims.sentences(note)[0])
+    assert claims.keyword_list("get_state_dict/set_state_dict, DCP, .metadata")
+
+
+def test_a_participle_before_its_noun_is_a_term_of_a_keyword_list():
+    assert claims.keyword_list(
+        "sharded params, sharded optimizer state, FULL_STATE_DICT, all-gather, collective, DCP"
+    )
+    assert not claims.keyword_list("freed after forward, gathered in backward, sharded")
+
+
+@pytest.mark.parametrize(
+    "text, n",
+    [
+        ("a model that only fits because it's sharded, so it pays off", 2),
+        ("the optimizer never steps anything but the shards", 1),
+        ("nothing but its slice is kept on the rank", 1),
+        ("FSDP only shards but DDP replicates", 2),
+        ("it is slow because every rank waits", 2),
+    ],
+)
+def test_because_after_only_and_but_as_except_end_no_clause(text, n):
+    assert len(claims.clauses(text)) == n, [c.norm for c in claims.clauses(text)]
+
+
+@pytest.mark.parametrize("text", ["why not wrap finer", "why don't we keep them", "为什么不包得更细"])
+def test_a_why_not_question_denies_nothing(text):
+    assert claims.negation_cues(claims.normalise(text)) == []
+    assert claims.negation_cues(claims.normalise("we don't keep them"))
+
+
+def test_nobody_is_a_negation_and_no_more_than_is_at_most():
+    assert claims.negation_cues("nobody knows")
+    m = claims.compile_phrase("holds ... one block").search("no rank holds more than about one block")
+    assert claims._polarity("no rank holds more than about one block", m, 0)
+    m = claims.compile_phrase("holds ... one block").search("no rank holds one block")
+    assert not claims._polarity("no rank holds one block", m, 0)
