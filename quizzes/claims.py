@@ -70,9 +70,9 @@ _AGENT = re.compile(r"(?:(?<![a-z0-9])by\s+(?:the\s+)?$)|(?:[被由让]\s*$)")
 
 # English negation: whole words; "no" before "sync"/"shard" is the name no_sync / NO_SHARD.
 _NEG_EN = re.compile(
-    r"(?<![a-z0-9])(?:not(?! only)|no(?! (?:sync|shard|matter))|never|without|nothing|none|nobody|neither|"
-    r"nor|cannot|hardly|instead of|rather than|prevent\w*|avoid\w*|skip\w*|omit\w*|\w+n't|doesnt|"
-    r"dont|isnt|cant|wont|arent|didnt|wasnt|werent|shouldnt|wouldnt|couldnt|hasnt|havent|neednt|"
+    r"(?<![a-z0-9])(?:not(?! only)|no(?! (?:sync|shard|matter))|never|without|nothing|none|"
+    r"nobody|neither|nor|cannot|hardly|instead of|rather than|prevent\w*|avoid\w*|skip\w*|"
+    r"omit\w*|\w+n't|doesnt|dont|isnt|cant|wont|arent|didnt|wasnt|werent|shouldnt|wouldnt|couldnt|hasnt|havent|neednt|"
     r"mustnt)(?![a-z0-9])"
 )
 # Chinese negation: read per word (jieba). A word is a negation when it is one of these or starts
@@ -460,9 +460,7 @@ def carries_verb(clause: str, opens: bool = True) -> bool:
 
 _BULLET = re.compile(r"^(?:[-*•·]|\d{1,2}[.)])\s+")
 # a slash or plus inside a number ('+1/3', '1/N') separates no items
-_LIST_SEP = re.compile(
-    r"\s*(?:[,，、;；|]|(?<!\d)/|/(?!\d)|\+(?!\d)|(?<![a-z])and(?![a-z])|和)\s*"
-)
+_LIST_SEP = re.compile(r"\s*(?:[,，、;；|]|(?<!\d)/|/(?!\d)|\+(?!\d)|(?<![a-z])and(?![a-z])|和)\s*")
 
 
 # words that make a run of Chinese a phrase rather than a term: particles, copula, auxiliaries
@@ -537,7 +535,10 @@ def keyword_list(sentence: str) -> bool:
         verb = (
             len(ascii_words) > 1
             and not item.strip().startswith("-")  # a flag ('--max-restarts')
-            and any(_is_verb_form(plain, i) and not _participle_term(plain, i) for i in range(len(plain)))
+            and any(
+                _is_verb_form(plain, i) and not _participle_term(plain, i)
+                for i in range(len(plain))
+            )
         )
         return short and not verb and not _zh_phrase(item)
 

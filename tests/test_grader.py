@@ -1803,7 +1803,9 @@ def test_because_after_only_and_but_as_except_end_no_clause(text, n):
     assert len(claims.clauses(text)) == n, [c.norm for c in claims.clauses(text)]
 
 
-@pytest.mark.parametrize("text", ["why not wrap finer", "why don't we keep them", "为什么不包得更细"])
+@pytest.mark.parametrize(
+    "text", ["why not wrap finer", "why don't we keep them", "为什么不包得更细"]
+)
 def test_a_why_not_question_denies_nothing(text):
     assert claims.negation_cues(claims.normalise(text)) == []
     assert claims.negation_cues(claims.normalise("we don't keep them"))
@@ -1811,7 +1813,9 @@ def test_a_why_not_question_denies_nothing(text):
 
 def test_nobody_is_a_negation_and_no_more_than_is_at_most():
     assert claims.negation_cues("nobody knows")
-    m = claims.compile_phrase("holds ... one block").search("no rank holds more than about one block")
+    m = claims.compile_phrase("holds ... one block").search(
+        "no rank holds more than about one block"
+    )
     assert claims._polarity("no rank holds more than about one block", m, 0)
     m = claims.compile_phrase("holds ... one block").search("no rank holds one block")
     assert not claims._polarity("no rank holds one block", m, 0)
