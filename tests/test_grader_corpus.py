@@ -5,6 +5,7 @@ automatically."""
 
 import json
 import re
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -107,13 +108,17 @@ def test_corpus_label(lesson, qid, item):
             assert ("你写道：「" if item["lang"] == "zh" else "You wrote: «") in r.feedback
 
 
+@lru_cache(maxsize=1)
+def graded_corpus() -> tuple:
+    """Every labelled answer graded once (3,000 answers: the matrix tests share one grading)."""
+    return tuple(corpus.grade_corpus([CORPUS_DIR]))
+
+
 def test_tuning_corpus_matrix(capsys):
-    text, _ = corpus.report(corpus.grade_corpus([CORPUS_DIR]), "tuning corpus")
+    text, _ = corpus.report(graded_corpus(), "tuning corpus")
     with capsys.disabled():
         print("\n" + text)
-    tuned = [
-        g for g in corpus.grade_corpus([CORPUS_DIR]) if g.item.get("source") not in PSEUDO_HELDOUT
-    ]
+    tuned = [g for g in graded_corpus() if g.item.get("source") not in PSEUDO_HELDOUT]
     m = corpus.matrices(tuned)["all"]
     assert m.counts["wrong", "correct"] == 0 and m.counts["correct", "wrong"] == 0
 
@@ -163,7 +168,7 @@ PSEUDO_HELDOUT_BOUNDS = {
 def test_pseudo_heldout_matrix(source, capsys):
     """A held-out round moved into the tuning corpus, measured as a whole: never worse than the
     rules left it."""
-    graded = [g for g in corpus.grade_corpus([CORPUS_DIR]) if g.item.get("source") == source]
+    graded = [g for g in graded_corpus() if g.item.get("source") == source]
     text, _ = corpus.report(graded, f"pseudo-held-out ({source})")
     with capsys.disabled():
         print("\n" + text)
