@@ -810,18 +810,19 @@ def test_open_answer_right_and_wrong(check_page, lab):
         expect(feedback.locator(".quiz-verdict-wrong, .quiz-verdict-partly")).to_be_visible()
         expect(check).to_be_hidden()
         box.screenshot(path=str(shots_dir(lab) / f"open_wrong_{lang}.png"))
-    # And one the real grader is unsure of (from the labelled corpus; none is a skip, said).
-    corpus = json.loads((REPO_ROOT / "quizzes" / "labelled_answers" / "lesson1.json").read_text())
+    # And one the real grader is unsure of (from the labelled corpus, then the validation rounds;
+    # none is a skip, said).
     graded = [
         (a["answer"], quizzes.grade("lesson1", q.id, a["answer"], lang="zh"))
-        for a in corpus["questions"][q.id]
+        for folder in ("quizzes/labelled_answers", "tests/data/quiz_validation")
+        for a in json.loads((REPO_ROOT / folder / "lesson1.json").read_text())["questions"][q.id]
         if a["lang"] == "zh"
     ]
     # an unread sentence, and a verdict the second reading withheld: each says why it is unsure
     for reason, why in (("unread", None), ("doubted_correct", "整体读起来不像")):
         unsure = [(a, r) for a, r in graded if r.details["reason"] == reason]
         if not unsure:
-            pytest.skip(f"no Chinese answer of the lesson 1 corpus is graded {reason} ({q.id})")
+            pytest.skip(f"no Chinese answer of lesson 1's answer sets is graded {reason} ({q.id})")
         answer, expected = unsure[0]
         box.locator("textarea").fill(answer)
         box.get_by_role("button", name="检查").click()
