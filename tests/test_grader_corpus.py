@@ -51,6 +51,11 @@ PSEUDO_HELDOUT = (
     "training round 10",
     "training round 11",
     "training round 12",
+    "heldout round 6",
+    "training round 16",
+    "training round 17",
+    "training round 18",
+    "training round 19",
 )
 
 
@@ -160,6 +165,21 @@ PSEUDO_HELDOUT_BOUNDS = {
     ),
     "training round 12": dict(
         n=240, wrong_correct=0, correct_wrong=0, right_missed=5, wrong_wrong=134
+    ),
+    "heldout round 6": dict(
+        n=240, wrong_correct=0, correct_wrong=0, right_missed=35, wrong_wrong=120
+    ),
+    "training round 16": dict(
+        n=240, wrong_correct=0, correct_wrong=0, right_missed=26, wrong_wrong=122
+    ),
+    "training round 17": dict(
+        n=237, wrong_correct=0, correct_wrong=0, right_missed=22, wrong_wrong=118
+    ),
+    "training round 18": dict(
+        n=238, wrong_correct=0, correct_wrong=0, right_missed=43, wrong_wrong=118
+    ),
+    "training round 19": dict(
+        n=236, wrong_correct=0, correct_wrong=0, right_missed=13, wrong_wrong=121
     ),
 }
 
