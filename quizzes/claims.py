@@ -135,6 +135,8 @@ _NOT_NEG_ZH = {
 # 要不 / 要么 ... 要不: "or else", no denial
 _NOT_NEG_ZH_RE = re.compile(
     r"未\s?分片|非分片|是不是|要不要|能不能|会不会|要不(?!要)"
+    # "不是只重启挂的那个" (not only the one that died): 'not only', no denial of the verb
+    r"|(?:并|)(?:不是|非)\s?(?:只|仅|光|单单)"
     # "为什么不包得更细": a question that weighs the option, no denial of it
     r"|(?:为什么|为啥|为何|干嘛|怎么)\s?不"
     # "不 wrap 时的整个模型", "没有 shard 的时候", "不分片的话": a condition (when it is not
@@ -1519,6 +1521,15 @@ def _non_claims(parts: list) -> set:
     return out
 
 
+# a belief the learner reports of others: "people sometimes think ...", "a common mistake is to
+# think ...", "有人以为 ...", "很多人误以为 ..."
+_REPORTED = re.compile(
+    r"(?<![a-z])(?:people|some|many|beginners|newcomers|others|folks|one) (?:sometimes |often |"
+    r"usually |tend to |might |may |)(?:think|thinks|believe|believes|assume|assumes|expect|expects)"
+    r"(?![a-z])|(?:common|frequent|typical) (?:mistake|misconception|misunderstanding|confusion)"
+    r"|(?:有人|很多人|不少人|许多人|常有人|新手|大家)(?:常|会|容易|经常|总|)(?:误以为|以为|认为|觉得)"
+    r"|常见的?(?:误解|误区|错误)"
+)
 _IF_CLAUSE = re.compile(r"^(?:if|如果|要是|假如|若)(?![a-z])")
 _ROOT = re.compile(
     r"^(?:(?:because|since|as|but|and|so|因为|但|而|)\s?)(?:the\s)?(?:root|根单元|根模块|根)(?![a-z])"
@@ -1576,6 +1587,7 @@ def read_answer(text: str, secret: dict) -> Reading:
     }
     headings = {s for s, sent in enumerate(sentence_text) if re.search(r"[:：]\s*$", sent)}
     non_claims = _non_claims(_sentence_parts(text))
+    frames = {s for s, sent in enumerate(sentence_text) if _framing(sent, subjects)}
     for i, c in enumerate(all_clauses):
         reading.clauses += 1
         verb = c.sentence in stated
@@ -1593,7 +1605,13 @@ def read_answer(text: str, secret: dict) -> Reading:
         # "根单元从前向一直留到反向") is about the exception to what the subject before does
         clause_inherited = (
             None
-            if c.aside or c.sentence in remedies or _BOTH.search(c.norm) or _ROOT.match(c.norm)
+            if c.aside
+            or c.sentence in remedies
+            or _BOTH.search(c.norm)
+            or _ROOT.match(c.norm)
+            # "The main difference is when the gathered parameters are freed": a frame names
+            # what differs, of no subject
+            or c.sentence in frames
             else inherited
         )
         # "..., without it every rank normalises with its own statistics": the clause is about the
@@ -1602,16 +1620,22 @@ def read_answer(text: str, secret: dict) -> Reading:
         cf = _CF_CLAUSE.match(c.norm)
         norm = c.norm[cf.end() :] if cf else c.norm
         stated_here = []
-        events, accounted = _read_clause(
-            norm,
-            secret,
-            subjects,
-            owners,
-            clause_inherited,
-            reading.trace,
-            stated_here,
-            inherited_here=inherited_sentence == c.sentence,
-        )
+        if _REPORTED.search(norm):
+            # "people sometimes think SHARD_GRAD_OP doesn't shard params at all": what others
+            # believe, not what the learner says: read, neither credited nor false
+            reading.trace.append(f"[{c.norm}] what others believe: read, credits nothing")
+            events, accounted = [], True
+        else:
+            events, accounted = _read_clause(
+                norm,
+                secret,
+                subjects,
+                owners,
+                clause_inherited,
+                reading.trace,
+                stated_here,
+                inherited_here=inherited_sentence == c.sentence,
+            )
         prev = all_clauses[i - 1] if i else None
         relative = c.opener in ("which", "who")
         # "LOCAL_RANK, its global index over the whole job, ...", "RANK (the index on this

@@ -1864,3 +1864,32 @@ def test_tldr_is_one_heading():
     assert claims.sentences("TL;DR: put the heavy traffic on NVLink.") == [
         "TLDR: put the heavy traffic on NVLink"
     ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The latter keeps the parameters until backward and uses more memory. The main difference "
+        "is when they free the parameters. The former frees them after forward.",
+        "后者一直留着参数，显存更多。区别在于何时释放参数。前者在前向之后释放参数。",
+    ],
+)
+def test_a_frame_takes_no_subject_from_before_it(text):
+    """'The main difference is when they free the parameters' names what differs: it says
+    nothing of the subject of the sentence before it."""
+    r = read(text)
+    assert not r.misconceptions and set(r.supported) == {"frees", "memory"}, r.trace
+
+
+def test_not_only_denies_nothing_zh():
+    """'并不是只释放一部分' (not only a part) does not deny that it frees."""
+    r = read("前者在前向之后释放参数，而且并不是只释放一部分。后者显存更多。")
+    assert not r.misconceptions and set(r.supported) == {"frees", "memory"}, r.trace
+
+
+@pytest.mark.parametrize(
+    "sentence", ["Some people think there is no difference between them.", "有人以为两者没有区别。"]
+)
+def test_what_others_believe_is_not_the_learners_claim(sentence):
+    r = read("The former frees the parameters after forward. The latter uses more memory. " + sentence)
+    assert not r.misconceptions and not r.unread, r.trace
