@@ -1433,9 +1433,19 @@ _COUNT_FRAME = re.compile(
 )
 
 
+# a short verdict on a choice, no fact about it: "Therefore the block is a sensible compromise",
+# "只对部分 block 做检查点是一种折中方案"
+_COMPROMISE = re.compile(
+    r"(?:is|are|as) (?:a|an|the) (?:[a-z]+ ){0,2}(?:compromise|middle ground|sweet spot|"
+    r"happy medium)(?: between [^,]{0,60})?$|是(?:一个|一种|个|)[\w\s]{0,6}(?:折中|折衷)(?:方案|办法|选择|)$"
+)
+
+
 def _framing(sentence: str, subjects: dict) -> bool:
     norm = normalise(sentence)
     if (_TRADE_FRAME.search(norm) or _COUNT_FRAME.search(norm)) and word_count(norm) <= 12:
+        return True
+    if _COMPROMISE.search(norm) and word_count(norm) <= (30 if _CJK_CHAR.search(norm) else 16):
         return True
     rest = _FRAME.match(norm)
     return (

@@ -1893,3 +1893,18 @@ def test_not_only_denies_nothing_zh():
 def test_what_others_believe_is_not_the_learners_claim(sentence):
     r = read("The former frees the parameters after forward. The latter uses more memory. " + sentence)
     assert not r.misconceptions and not r.unread, r.trace
+
+
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        "Therefore the block is a sensible compromise between memory and the number of collectives.",
+        "Therefore wrapping the model per block is a sensible compromise.",
+        "因此按 block 包参数是一个比较合理的折中。",
+        "只对部分 block 做检查点、省一部分显存是一种折中方案。",
+    ],
+)
+def test_a_verdict_of_compromise_is_a_frame(sentence):
+    """'X is a sensible compromise' judges a choice and states no fact: read, credits nothing."""
+    r = read("The former frees the parameters after forward. The latter uses more memory. " + sentence)
+    assert not r.unread and not r.misconceptions and set(r.supported) == {"frees", "memory"}, r.trace
