@@ -1511,13 +1511,17 @@ _AMOUNT = re.compile(r"\d(?:\.\d+)?\s?(?:gb|gib|mb|mib|tb|kb)(?![a-z])")
 def _non_claims(parts: list) -> set:
     """The sentences (indices) that state nothing of the topic: questions, meta remarks, a
     restated problem, an analogy to the end of its paragraph, a worked example in numbers."""
-    out, analogy = set(), None
+    out, analogy, block = set(), None, False
     for s, (sentence, end, paragraph) in enumerate(parts):
         norm = normalise(sentence)
-        if analogy is not None and paragraph != analogy:
-            analogy = None
-        if _ANALOGY.match(norm):
+        # an analogy announced as a heading ("打个比方，参数就像图书馆的书：") runs on over the lines
+        # after it, to a blank line
+        if analogy is not None and paragraph != analogy and not (block and paragraph == analogy + 1):
+            analogy, block = None, False
+        elif analogy is not None and paragraph != analogy:
             analogy = paragraph
+        if _ANALOGY.match(norm):
+            analogy, block = paragraph, bool(re.search(r"[:：]\s*$", sentence))
         if (
             analogy is not None
             or "?" in end

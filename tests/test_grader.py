@@ -1908,3 +1908,11 @@ def test_a_verdict_of_compromise_is_a_frame(sentence):
     """'X is a sensible compromise' judges a choice and states no fact: read, credits nothing."""
     r = read("The former frees the parameters after forward. The latter uses more memory. " + sentence)
     assert not r.unread and not r.misconceptions and set(r.supported) == {"frees", "memory"}, r.trace
+
+
+def test_an_analogy_announced_as_a_heading_runs_to_a_blank_line():
+    parts = claims._sentence_parts(
+        "前者在前向之后释放参数。\n打个比方，参数就像图书馆的书：\n前者看完就还回去。\n后者一直摆在桌上。"
+        "\n\n后者显存更多。"
+    )
+    assert claims._non_claims(parts) == {1, 2, 3}
