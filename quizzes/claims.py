@@ -1437,7 +1437,8 @@ _COUNT_FRAME = re.compile(
 # "只对部分 block 做检查点是一种折中方案"
 _COMPROMISE = re.compile(
     r"(?:is|are|as) (?:a|an|the) (?:[a-z]+ ){0,2}(?:compromise|middle ground|sweet spot|"
-    r"happy medium)(?: between [^,]{0,60})?$|是(?:一个|一种|个|)[\w\s]{0,6}(?:折中|折衷)(?:方案|办法|选择|)$"
+    r"happy medium)(?: between [^,]{0,60})?$|"
+    r"是(?:一个|一种|个|)[\w\s]{0,6}(?:折中|折衷)(?:方案|办法|选择|)$"
 )
 
 
@@ -1472,9 +1473,9 @@ def _ellipsis(clause: str, subjects: dict) -> bool:
 # Sentences that state nothing of the topic, read and credited with nothing (a misconception in one
 # is still false):
 # a meta remark about the answer itself: "汇报一下 BN 同步的问题", "Firstly, it is important to
-# understand what no_sync changes", "首先要明确 no_sync 改变了什么", "This question shows a difference
-# in how ...", "Think about what each mesh dimension has to send", "I think there are several
-# reasons but the main one is the memory peak"
+# understand what no_sync changes", "首先要明确 no_sync 改变了什么", "This question shows a
+# difference in how ...", "Think about what each mesh dimension has to send", "I think there are
+# several reasons but the main one is the memory peak"
 _META = re.compile(
     r"^(?:(?:so|ok|okay|first|firstly|好|那|先|首先)\s?[,，]?\s?)?(?:"
     r"(?:这里|下面|我来|来|)(?:汇报|说|讲|总结|整理|解释|介绍|展开说)一下|"
@@ -1500,8 +1501,8 @@ _ANALOGY = re.compile(
     r"^(?:打个比方|比方说|打比方|类比一下|类比|好比)"
 )
 # a worked example in numbers: "Numbers: 7B in bf16 = 14 GB", "for a 7B model on 8 GPUs that's
-# 28 GB per GPU instead of 3.5 GB", "举个例子，两台 8 卡机，7B 模型 bf16 参数 14GB", "In the lesson's
-# 2-rank run that was 3.08 MiB vs 1.54 MiB"
+# 28 GB per GPU instead of 3.5 GB", "举个例子，两台 8 卡机，7B 模型 bf16 参数 14GB", "In the
+# lesson's 2-rank run that was 3.08 MiB vs 1.54 MiB"
 _EXAMPLE = re.compile(
     r"^(?:for example|for instance|e g|example|numbers|举个例子|举例|比如|例如)(?![a-z])"
 )
@@ -1514,9 +1515,13 @@ def _non_claims(parts: list) -> set:
     out, analogy, block = set(), None, False
     for s, (sentence, end, paragraph) in enumerate(parts):
         norm = normalise(sentence)
-        # an analogy announced as a heading ("打个比方，参数就像图书馆的书：") runs on over the lines
-        # after it, to a blank line
-        if analogy is not None and paragraph != analogy and not (block and paragraph == analogy + 1):
+        # an analogy announced as a heading ("打个比方，参数就像图书馆的书：") runs on over the
+        # lines after it, to a blank line
+        if (
+            analogy is not None
+            and paragraph != analogy
+            and not (block and paragraph == analogy + 1)
+        ):
             analogy, block = None, False
         elif analogy is not None and paragraph != analogy:
             analogy = paragraph
@@ -1539,7 +1544,8 @@ def _non_claims(parts: list) -> set:
 # think ...", "有人以为 ...", "很多人误以为 ..."
 _REPORTED = re.compile(
     r"(?<![a-z])(?:people|some|many|beginners|newcomers|others|folks|one) (?:sometimes |often |"
-    r"usually |tend to |might |may |)(?:think|thinks|believe|believes|assume|assumes|expect|expects)"
+    r"usually |tend to |might |may |)"
+    r"(?:think|thinks|believe|believes|assume|assumes|expect|expects)"
     r"(?![a-z])|(?:common|frequent|typical) (?:mistake|misconception|misunderstanding|confusion)"
     r"|(?:有人|很多人|不少人|许多人|常有人|新手|大家)(?:常|会|容易|经常|总|)(?:误以为|以为|认为|觉得)"
     r"|常见的?(?:误解|误区|错误)"

@@ -1838,12 +1838,17 @@ def test_nobody_is_a_negation_and_no_more_than_is_at_most():
 def test_questions_remarks_analogies_and_worked_examples_state_nothing(sentence):
     """A question, a remark about the answer itself, a restated problem, an analogy (to the end of
     its paragraph) and a worked example in numbers are read and credit nothing."""
-    r = read("The former frees the parameters after forward. The latter uses more memory. " + sentence)
-    assert not r.unread and not r.misconceptions and set(r.supported) == {"frees", "memory"}, r.trace
+    r = read(
+        "The former frees the parameters after forward. The latter uses more memory. " + sentence
+    )
+    assert not r.unread and not r.misconceptions and set(r.supported) == {"frees", "memory"}, (
+        r.trace
+    )
 
 
 def test_an_analogy_is_unread_while_a_key_idea_is_missing():
-    """The missing key idea may be said in the analogy, in words no rule reads: unsure, not wrong."""
+    """The missing key idea may be said in the analogy, in words no rule reads: unsure, not
+    wrong."""
     r = read(
         "The former frees the parameters after forward. Analogy: a library book. The latter keeps "
         "the book on its desk, the model stays in memory."
@@ -1891,14 +1896,17 @@ def test_not_only_denies_nothing_zh():
     "sentence", ["Some people think there is no difference between them.", "有人以为两者没有区别。"]
 )
 def test_what_others_believe_is_not_the_learners_claim(sentence):
-    r = read("The former frees the parameters after forward. The latter uses more memory. " + sentence)
+    r = read(
+        "The former frees the parameters after forward. The latter uses more memory. " + sentence
+    )
     assert not r.misconceptions and not r.unread, r.trace
 
 
 @pytest.mark.parametrize(
     "sentence",
     [
-        "Therefore the block is a sensible compromise between memory and the number of collectives.",
+        "Therefore the block is a sensible compromise between memory and the number of "
+        "collectives.",
         "Therefore wrapping the model per block is a sensible compromise.",
         "因此按 block 包参数是一个比较合理的折中。",
         "只对部分 block 做检查点、省一部分显存是一种折中方案。",
@@ -1906,8 +1914,12 @@ def test_what_others_believe_is_not_the_learners_claim(sentence):
 )
 def test_a_verdict_of_compromise_is_a_frame(sentence):
     """'X is a sensible compromise' judges a choice and states no fact: read, credits nothing."""
-    r = read("The former frees the parameters after forward. The latter uses more memory. " + sentence)
-    assert not r.unread and not r.misconceptions and set(r.supported) == {"frees", "memory"}, r.trace
+    r = read(
+        "The former frees the parameters after forward. The latter uses more memory. " + sentence
+    )
+    assert not r.unread and not r.misconceptions and set(r.supported) == {"frees", "memory"}, (
+        r.trace
+    )
 
 
 def test_an_analogy_announced_as_a_heading_runs_to_a_blank_line():
