@@ -135,6 +135,8 @@ _NOT_NEG_ZH = {
 # 要不 / 要么 ... 要不: "or else", no denial
 _NOT_NEG_ZH_RE = re.compile(
     r"未\s?分片|非分片|是不是|要不要|能不能|会不会|要不(?!要)"
+    # "不是只重启挂的那个" (not only the one that died): 'not only', no denial of the verb
+    r"|(?:并|)(?:不是|非)\s?(?:只|仅|光|单单)"
     # "为什么不包得更细": a question that weighs the option, no denial of it
     r"|(?:为什么|为啥|为何|干嘛|怎么)\s?不"
     # "不 wrap 时的整个模型", "没有 shard 的时候", "不分片的话": a condition (when it is not
@@ -285,11 +287,29 @@ def _arrows(text: str) -> str:
     )
 
 
+# "TL;DR:" is a heading, not two sentences
+_TLDR = re.compile(r"(?i)(?<![a-z])tl\s?;\s?dr(?![a-z])")
+
+
+def _sentence_parts(text: str) -> list:
+    """[(sentence, its end mark, its paragraph)]: the sentences of `sentences`, each with what
+    ends it ('?' marks a question) and the number of the line break before it."""
+    text = _ABBREVIATION.sub(lambda m: m.group(1) + ",", _arrows(_calls_as_words(text)))
+    text = _TLDR.sub("TLDR", text)
+    pieces = re.split("(" + _SENTENCE_END.pattern + ")", text)
+    out, paragraph = [], 0
+    for i in range(0, len(pieces), 2):
+        end = pieces[i + 1] if i + 1 < len(pieces) else ""
+        if pieces[i].strip():
+            out.append((pieces[i].strip(), end, paragraph))
+        paragraph += end.count("\n")
+    return out
+
+
 def sentences(text: str) -> list:
     """The answer's sentences, as written (stripped), empty ones dropped. 'i.e.', 'e.g.', 'etc.'
     and 'vs.' end no sentence."""
-    text = _ABBREVIATION.sub(lambda m: m.group(1) + ",", _arrows(_calls_as_words(text)))
-    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
+    return [s for s, _, _ in _sentence_parts(text)]
 
 
 def clauses(text: str) -> list:
@@ -1413,9 +1433,20 @@ _COUNT_FRAME = re.compile(
 )
 
 
+# a short verdict on a choice, no fact about it: "Therefore the block is a sensible compromise",
+# "只对部分 block 做检查点是一种折中方案"
+_COMPROMISE = re.compile(
+    r"(?:is|are|as) (?:a|an|the) (?:[a-z]+ ){0,2}(?:compromise|middle ground|sweet spot|"
+    r"happy medium)(?: between [^,]{0,60})?$|"
+    r"是(?:一个|一种|个|)[\w\s]{0,6}(?:折中|折衷)(?:方案|办法|选择|)$"
+)
+
+
 def _framing(sentence: str, subjects: dict) -> bool:
     norm = normalise(sentence)
     if (_TRADE_FRAME.search(norm) or _COUNT_FRAME.search(norm)) and word_count(norm) <= 12:
+        return True
+    if _COMPROMISE.search(norm) and word_count(norm) <= (30 if _CJK_CHAR.search(norm) else 16):
         return True
     rest = _FRAME.match(norm)
     return (
@@ -1439,6 +1470,86 @@ def _ellipsis(clause: str, subjects: dict) -> bool:
     return bool(named) and named[0].start <= 8 and (word_count(head) <= 4 or bool(listed))
 
 
+# Sentences that state nothing of the topic, read and credited with nothing (a misconception in one
+# is still false):
+# a meta remark about the answer itself: "汇报一下 BN 同步的问题", "Firstly, it is important to
+# understand what no_sync changes", "首先要明确 no_sync 改变了什么", "This question shows a
+# difference in how ...", "Think about what each mesh dimension has to send", "I think there are
+# several reasons but the main one is the memory peak"
+_META = re.compile(
+    r"^(?:(?:so|ok|okay|first|firstly|好|那|先|首先)\s?[,，]?\s?)?(?:"
+    r"(?:这里|下面|我来|来|)(?:汇报|说|讲|总结|整理|解释|介绍|展开说)一下|"
+    r"(?:it is|it's|its) (?:important|worth|useful|helpful) to (?:understand|note|see|know|"
+    r"recall|look at)|"
+    r"(?:要|需要|得|必须)?(?:先|)(?:明确|说明|理解|搞清楚|弄清楚)(?=.{0,40}(?:什么|哪|怎么|为什么))|"
+    r"this (?:question|one) (?:shows|is about|asks|tests|comes down to)|"
+    r"(?:let'?\s?s |)think about (?:what|how|why|which)|"
+    r"(?:i think |i believe |)there (?:are|is) (?:several|many|a few|some|two|three|2|3) "
+    r"(?:reasons|things|parts|differences|sides)|"
+    r"here'?\s?s (?:what|how|why|the gist|my (?:take|understanding|answer)))"
+)
+# a heading that restates the question before answering it: "Problem: a job on 8 GPUs needs 8
+# copies of the script, each knowing who it is", "Problem：为什么还 OOM"
+_PROBLEM = re.compile(
+    r"^(?:the |)(?:problem|question|context|setup|scenario|background|问题|背景|场景|题目)"
+    r"\s?\d*\s?[:：]"
+)
+# an analogy and what it says, to the end of its paragraph: "Analogy: borrowing a book from the
+# library. FULL_SHARD returns the book after reading it ...", "打个比方，no_sync 就像攒快递"
+_ANALOGY = re.compile(
+    r"^(?:an |)(?:analogy|metaphor)(?![a-z])|^(?:think of it|imagine)(?![a-z])|"
+    r"^(?:打个比方|比方说|打比方|类比一下|类比|好比)"
+)
+# a worked example in numbers: "Numbers: 7B in bf16 = 14 GB", "for a 7B model on 8 GPUs that's
+# 28 GB per GPU instead of 3.5 GB", "举个例子，两台 8 卡机，7B 模型 bf16 参数 14GB", "In the
+# lesson's 2-rank run that was 3.08 MiB vs 1.54 MiB"
+_EXAMPLE = re.compile(
+    r"^(?:for example|for instance|e g|example|numbers|举个例子|举例|比如|例如)(?![a-z])"
+)
+_AMOUNT = re.compile(r"\d(?:\.\d+)?\s?(?:gb|gib|mb|mib|tb|kb)(?![a-z])")
+
+
+def _non_claims(parts: list) -> set:
+    """The sentences (indices) that state nothing of the topic: questions, meta remarks, a
+    restated problem, an analogy to the end of its paragraph, a worked example in numbers."""
+    out, analogy, block = set(), None, False
+    for s, (sentence, end, paragraph) in enumerate(parts):
+        norm = normalise(sentence)
+        # an analogy announced as a heading ("打个比方，参数就像图书馆的书：") runs on over the
+        # lines after it, to a blank line
+        if (
+            analogy is not None
+            and paragraph != analogy
+            and not (block and paragraph == analogy + 1)
+        ):
+            analogy, block = None, False
+        elif analogy is not None and paragraph != analogy:
+            analogy = paragraph
+        if _ANALOGY.match(norm):
+            analogy, block = paragraph, bool(re.search(r"[:：]\s*$", sentence))
+        if (
+            analogy is not None
+            or "?" in end
+            or "？" in end
+            or (_META.match(norm) and word_count(norm) <= 16)
+            or _PROBLEM.match(norm)
+            or _EXAMPLE.match(norm)
+            or len(_AMOUNT.findall(norm)) >= 1
+        ):
+            out.add(s)
+    return out
+
+
+# a belief the learner reports of others: "people sometimes think ...", "a common mistake is to
+# think ...", "有人以为 ...", "很多人误以为 ..."
+_REPORTED = re.compile(
+    r"(?<![a-z])(?:people|some|many|beginners|newcomers|others|folks|one) (?:sometimes |often |"
+    r"usually |tend to |might |may |)"
+    r"(?:think|thinks|believe|believes|assume|assumes|expect|expects)"
+    r"(?![a-z])|(?:common|frequent|typical) (?:mistake|misconception|misunderstanding|confusion)"
+    r"|(?:有人|很多人|不少人|许多人|常有人|新手|大家)(?:常|会|容易|经常|总|)(?:误以为|以为|认为|觉得)"
+    r"|常见的?(?:误解|误区|错误)"
+)
 _IF_CLAUSE = re.compile(r"^(?:if|如果|要是|假如|若)(?![a-z])")
 _ROOT = re.compile(
     r"^(?:(?:because|since|as|but|and|so|因为|但|而|)\s?)(?:the\s)?(?:root|根单元|根模块|根)(?![a-z])"
@@ -1482,6 +1593,7 @@ def read_answer(text: str, secret: dict) -> Reading:
                 reading.misconceptions.append((key[0], message, quote))
 
     inherited, prev_inherited, unread, read_sentences = None, None, [], set()
+    aside_unread = []  # sentences about the topic read only as a question, analogy or example
     inherited_sentence = None  # the sentence that named the subject carried over
     last_stated = []  # (claim, form, form index, subject) the last clause that stated one stated
     # a sentence of remedies ("Fixes: a broadcast before wrapping", "修法就是 ...") says what to do,
@@ -1494,6 +1606,8 @@ def read_answer(text: str, secret: dict) -> Reading:
         s for s, sent in enumerate(sentence_text) if _COUNTERFACTUAL.match(normalise(sent))
     }
     headings = {s for s, sent in enumerate(sentence_text) if re.search(r"[:：]\s*$", sent)}
+    non_claims = _non_claims(_sentence_parts(text))
+    frames = {s for s, sent in enumerate(sentence_text) if _framing(sent, subjects)}
     for i, c in enumerate(all_clauses):
         reading.clauses += 1
         verb = c.sentence in stated
@@ -1511,7 +1625,13 @@ def read_answer(text: str, secret: dict) -> Reading:
         # "根单元从前向一直留到反向") is about the exception to what the subject before does
         clause_inherited = (
             None
-            if c.aside or c.sentence in remedies or _BOTH.search(c.norm) or _ROOT.match(c.norm)
+            if c.aside
+            or c.sentence in remedies
+            or _BOTH.search(c.norm)
+            or _ROOT.match(c.norm)
+            # "The main difference is when the gathered parameters are freed": a frame names
+            # what differs, of no subject
+            or c.sentence in frames
             else inherited
         )
         # "..., without it every rank normalises with its own statistics": the clause is about the
@@ -1520,16 +1640,22 @@ def read_answer(text: str, secret: dict) -> Reading:
         cf = _CF_CLAUSE.match(c.norm)
         norm = c.norm[cf.end() :] if cf else c.norm
         stated_here = []
-        events, accounted = _read_clause(
-            norm,
-            secret,
-            subjects,
-            owners,
-            clause_inherited,
-            reading.trace,
-            stated_here,
-            inherited_here=inherited_sentence == c.sentence,
-        )
+        if _REPORTED.search(norm):
+            # "people sometimes think SHARD_GRAD_OP doesn't shard params at all": what others
+            # believe, not what the learner says: read, neither credited nor false
+            reading.trace.append(f"[{c.norm}] what others believe: read, credits nothing")
+            events, accounted = [], True
+        else:
+            events, accounted = _read_clause(
+                norm,
+                secret,
+                subjects,
+                owners,
+                clause_inherited,
+                reading.trace,
+                stated_here,
+                inherited_here=inherited_sentence == c.sentence,
+            )
         prev = all_clauses[i - 1] if i else None
         relative = c.opener in ("which", "who")
         # "LOCAL_RANK, its global index over the whole job, ...", "RANK (the index on this
@@ -1633,8 +1759,15 @@ def read_answer(text: str, secret: dict) -> Reading:
             apply(events, c.text)
         topical = is_topical(c.norm, secret)
         reading.topical += topical
+        topical_verb = topical and carries_verb(c.norm, c.opener not in (",", "，", "、"))
         if accounted:
             read_sentences.add(c.sentence)
+        elif c.sentence in non_claims:
+            # a question, a meta remark, a restated problem, an analogy or a worked example in
+            # numbers states nothing the question asks: read, credited with nothing
+            reading.trace.append(f"[{c.norm}] a question, remark, analogy or example: read")
+            if topical_verb and c.sentence not in aside_unread:
+                aside_unread.append(c.sentence)
         elif c.sentence in otherwise or cf or c.sentence in headings:
             # what the alternative would do ("Without an auto-wrap policy the root unit is the
             # whole model", "不用 no_sync() 时，每个 micro-batch 都会 reduce-scatter") describes the
@@ -1655,7 +1788,15 @@ def read_answer(text: str, secret: dict) -> Reading:
     # a sentence is read when one of its clauses was: its other clauses elaborate on what it says
     # (a false one among them is still a misconception); a sentence about the topic of which no
     # clause could be read is unread
-    reading.unread = [sentence_text[s] for s in unread if s not in read_sentences]
+    # an analogy or a worked example may be where a key idea is said, in words no rule reads: while
+    # a key idea is missing, such a sentence about the topic is unread (the answer is unsure, not
+    # wrong)
+    ideas = secret.get("key_ideas") or [{"claims": [c["id"]]} for c in secret["claims"]]
+    if all(any(c in reading.supported for c in k["claims"]) for k in ideas):
+        read_sentences |= set(aside_unread)
+    else:
+        unread += [s for s in aside_unread if s not in unread]
+    reading.unread = [sentence_text[s] for s in sorted(unread) if s not in read_sentences]
     for s in reading.unread:
         reading.trace.append(
             f"[{s}] UNREAD: about the topic, and no clause of it matches what the question knows"

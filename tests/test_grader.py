@@ -1819,3 +1819,112 @@ def test_nobody_is_a_negation_and_no_more_than_is_at_most():
     assert claims._polarity("no rank holds more than about one block", m, 0)
     m = claims.compile_phrase("holds ... one block").search("no rank holds one block")
     assert not claims._polarity("no rank holds one block", m, 0)
+
+
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        "Which one keeps the parameters in memory?",
+        "Problem: the model needs too much memory on each GPU.",
+        "Analogy: a library book. The former returns the book after reading, the latter keeps the "
+        "parameters on its desk.",
+        "打个比方，前者像借书看完就还，后者把参数一直放在桌上。",
+        "For a 7B model on 8 GPUs that is 14 GB of parameters per rank.",
+        "举个例子，7B 模型 8 卡，每张卡的参数大约 3.5GB。",
+        "汇报一下参数和显存的问题。",
+        "Firstly, it is important to understand what happens to the parameters.",
+    ],
+)
+def test_questions_remarks_analogies_and_worked_examples_state_nothing(sentence):
+    """A question, a remark about the answer itself, a restated problem, an analogy (to the end of
+    its paragraph) and a worked example in numbers are read and credit nothing."""
+    r = read(
+        "The former frees the parameters after forward. The latter uses more memory. " + sentence
+    )
+    assert not r.unread and not r.misconceptions and set(r.supported) == {"frees", "memory"}, (
+        r.trace
+    )
+
+
+def test_an_analogy_is_unread_while_a_key_idea_is_missing():
+    """The missing key idea may be said in the analogy, in words no rule reads: unsure, not
+    wrong."""
+    r = read(
+        "The former frees the parameters after forward. Analogy: a library book. The latter keeps "
+        "the book on its desk, the model stays in memory."
+    )
+    assert r.unread == ["The latter keeps the book on its desk, the model stays in memory"], r.trace
+
+
+def test_a_misconception_in_a_worked_example_is_still_false():
+    r = read(
+        "The former frees the parameters after forward. The latter uses more memory. For a 7B "
+        "model there is no difference in memory, 14 GB each."
+    )
+    assert [m[0] for m in r.misconceptions] == ["same"], r.trace
+
+
+def test_tldr_is_one_heading():
+    """'TL;DR:' does not end a sentence at its semicolon."""
+    assert claims.sentences("TL;DR: put the heavy traffic on NVLink.") == [
+        "TLDR: put the heavy traffic on NVLink"
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The latter keeps the parameters until backward and uses more memory. The main difference "
+        "is when they free the parameters. The former frees them after forward.",
+        "后者一直留着参数，显存更多。区别在于何时释放参数。前者在前向之后释放参数。",
+    ],
+)
+def test_a_frame_takes_no_subject_from_before_it(text):
+    """'The main difference is when they free the parameters' names what differs: it says
+    nothing of the subject of the sentence before it."""
+    r = read(text)
+    assert not r.misconceptions and set(r.supported) == {"frees", "memory"}, r.trace
+
+
+def test_not_only_denies_nothing_zh():
+    """'并不是只释放一部分' (not only a part) does not deny that it frees."""
+    r = read("前者在前向之后释放参数，而且并不是只释放一部分。后者显存更多。")
+    assert not r.misconceptions and set(r.supported) == {"frees", "memory"}, r.trace
+
+
+@pytest.mark.parametrize(
+    "sentence", ["Some people think there is no difference between them.", "有人以为两者没有区别。"]
+)
+def test_what_others_believe_is_not_the_learners_claim(sentence):
+    r = read(
+        "The former frees the parameters after forward. The latter uses more memory. " + sentence
+    )
+    assert not r.misconceptions and not r.unread, r.trace
+
+
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        "Therefore the block is a sensible compromise between memory and the number of "
+        "collectives.",
+        "Therefore wrapping the model per block is a sensible compromise.",
+        "因此按 block 包参数是一个比较合理的折中。",
+        "只对部分 block 做检查点、省一部分显存是一种折中方案。",
+    ],
+)
+def test_a_verdict_of_compromise_is_a_frame(sentence):
+    """'X is a sensible compromise' judges a choice and states no fact: read, credits nothing."""
+    r = read(
+        "The former frees the parameters after forward. The latter uses more memory. " + sentence
+    )
+    assert not r.unread and not r.misconceptions and set(r.supported) == {"frees", "memory"}, (
+        r.trace
+    )
+
+
+def test_an_analogy_announced_as_a_heading_runs_to_a_blank_line():
+    parts = claims._sentence_parts(
+        "前者在前向之后释放参数。\n打个比方，参数就像图书馆的书：\n前者看完就还回去。\n后者一直摆在桌上。"
+        "\n\n后者显存更多。"
+    )
+    assert claims._non_claims(parts) == {1, 2, 3}
