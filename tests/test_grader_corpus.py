@@ -137,7 +137,7 @@ PSEUDO_HELDOUT_BOUNDS = {
         n=216, wrong_correct=0, correct_wrong=0, right_missed=3, wrong_wrong=134
     ),
     "heldout round 2": dict(
-        n=240, wrong_correct=0, correct_wrong=0, right_missed=4, wrong_wrong=136
+        n=240, wrong_correct=0, correct_wrong=0, right_missed=5, wrong_wrong=136
     ),
     "heldout round 3": dict(
         n=240, wrong_correct=0, correct_wrong=0, right_missed=3, wrong_wrong=140
@@ -146,40 +146,40 @@ PSEUDO_HELDOUT_BOUNDS = {
         n=240, wrong_correct=0, correct_wrong=0, right_missed=2, wrong_wrong=140
     ),
     "training round 5": dict(
-        n=239, wrong_correct=0, correct_wrong=1, right_missed=5, wrong_wrong=138
+        n=239, wrong_correct=0, correct_wrong=1, right_missed=5, wrong_wrong=139
     ),
     "training round 7": dict(
         n=239, wrong_correct=0, correct_wrong=0, right_missed=4, wrong_wrong=139
     ),
     "training round 8": dict(
-        n=240, wrong_correct=0, correct_wrong=0, right_missed=7, wrong_wrong=140
+        n=240, wrong_correct=0, correct_wrong=0, right_missed=3, wrong_wrong=140
     ),
     "training round 9": dict(
-        n=240, wrong_correct=0, correct_wrong=0, right_missed=1, wrong_wrong=139
+        n=240, wrong_correct=0, correct_wrong=0, right_missed=1, wrong_wrong=140
     ),
     "training round 10": dict(
         n=240, wrong_correct=0, correct_wrong=0, right_missed=2, wrong_wrong=138
     ),
     "training round 11": dict(
-        n=240, wrong_correct=0, correct_wrong=0, right_missed=1, wrong_wrong=136
+        n=240, wrong_correct=0, correct_wrong=0, right_missed=1, wrong_wrong=138
     ),
     "training round 12": dict(
-        n=240, wrong_correct=0, correct_wrong=0, right_missed=5, wrong_wrong=134
+        n=240, wrong_correct=0, correct_wrong=0, right_missed=5, wrong_wrong=135
     ),
     "heldout round 6": dict(
-        n=240, wrong_correct=0, correct_wrong=0, right_missed=35, wrong_wrong=120
+        n=240, wrong_correct=0, correct_wrong=0, right_missed=4, wrong_wrong=132
     ),
     "training round 16": dict(
-        n=240, wrong_correct=0, correct_wrong=0, right_missed=26, wrong_wrong=122
+        n=240, wrong_correct=0, correct_wrong=0, right_missed=6, wrong_wrong=135
     ),
     "training round 17": dict(
-        n=237, wrong_correct=0, correct_wrong=0, right_missed=22, wrong_wrong=118
+        n=237, wrong_correct=0, correct_wrong=0, right_missed=1, wrong_wrong=128
     ),
     "training round 18": dict(
-        n=238, wrong_correct=0, correct_wrong=0, right_missed=43, wrong_wrong=118
+        n=238, wrong_correct=0, correct_wrong=0, right_missed=12, wrong_wrong=133
     ),
     "training round 19": dict(
-        n=236, wrong_correct=0, correct_wrong=0, right_missed=13, wrong_wrong=121
+        n=236, wrong_correct=0, correct_wrong=0, right_missed=1, wrong_wrong=130
     ),
 }
 
