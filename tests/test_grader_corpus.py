@@ -56,6 +56,11 @@ PSEUDO_HELDOUT = (
     "training round 17",
     "training round 18",
     "training round 19",
+    "training round 20",
+    "training round 21",
+    "training round 22",
+    "training round 23",
+    "training round 24",
 )
 
 
@@ -180,6 +185,21 @@ PSEUDO_HELDOUT_BOUNDS = {
     ),
     "training round 19": dict(
         n=236, wrong_correct=0, correct_wrong=0, right_missed=1, wrong_wrong=130
+    ),
+    "training round 20": dict(
+        n=237, wrong_correct=0, correct_wrong=0, right_missed=34, wrong_wrong=121
+    ),
+    "training round 21": dict(
+        n=237, wrong_correct=0, correct_wrong=0, right_missed=29, wrong_wrong=129
+    ),
+    "training round 22": dict(
+        n=236, wrong_correct=0, correct_wrong=0, right_missed=23, wrong_wrong=126
+    ),
+    "training round 23": dict(
+        n=237, wrong_correct=0, correct_wrong=0, right_missed=30, wrong_wrong=129
+    ),
+    "training round 24": dict(
+        n=240, wrong_correct=0, correct_wrong=0, right_missed=35, wrong_wrong=127
     ),
 }
 
