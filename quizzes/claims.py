@@ -983,6 +983,15 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
         # "It's not that DDP averages the weights", "Nor do you start the processes", "不是 DDP
         # 平均了权重": a denial before the subject denies the whole clause
         cues.append(whole_clause.start())
+    not_until = _NOT_UNTIL.search(clause, 0, match.start())
+    if not_until and not_until.start() >= max(anchor, 0) and not _AND.search(
+        clause, not_until.end(), match.start()
+    ):
+        cues.append(not_until.start())
+    # "都不会让梯度处于未分片状态": a denial of 未分片 (unsharded) says it is sharded; the
+    # literal 分片 read inside it is denied again by its 未
+    if cues:
+        cues += [a for a, _ in literal if _UN_BEFORE.search(clause, max(0, a - 2), a)]
     after = _NEG_AFTER.match(clause, match.end())
     before_subject = [
         w
@@ -1009,7 +1018,20 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
     return (len(cues) + bool(after) + undone) % 2 == 0
 
 
-_MORE_THAN = re.compile(r"(?<![a-z])(?:more|bigger|larger|higher) than(?![a-z])|超过")
+_MORE_THAN = re.compile(
+    r"(?<![a-z])(?:(?:more|bigger|larger|higher) than|exceed\w*|go(?:es)? (?:over|beyond))(?![a-z])"
+    r"|超过|超出|多于|高于"
+)
+
+# "直到反向才释放", "留到 backward 用完才释放", "一直到反向算完再释放": what happens only once the
+# time is reached does not happen before it (it is kept until then). Read when the time stands
+# before the phrasing; a phrasing that names the time itself ("反向时再 all-gather") takes it.
+_NOT_UNTIL = re.compile(
+    r"(?:直到|等到|留到|一直到)[^,，]{1,14}?(?:才|再)\s?(?:得以|会|能|)\s?$"
+)
+
+# the unsharded form of the word a phrasing names: '未分片' is 'not sharded'
+_UN_BEFORE = re.compile(r"未\s?$")
 
 
 # a denial of the whole clause, before its subject
@@ -1038,6 +1060,17 @@ _ROLE_BEFORE = re.compile(
     r"function\w* as|work\w* as) (?:the |a |an |their |its |)$|(?:充当|当作|起到?了?|扮演)\s?$"
 )
 _ROLE_AFTER = re.compile(r"\s?(?:的|)\s?(?:作用|角色)")
+
+# what nothing checks is neither asserted nor denied: "Nothing checks that the shards come from the
+# same init", "没有任何检查会发现分片来自不同 init", "FSDP doesn't verify that ...". The
+# complement of a denied verb of checking states nothing; the clause is read.
+_UNCHECKED = re.compile(
+    r"(?<![a-z])(?:nothing|no one|nobody|none of \w+|no \w+|(?:does|do|did|will|would|can)\s?"
+    r"(?:not|n't)|never|won't|can't)\s(?:\w+\s){0,2}?(?:checks?|detects?|notices?|verif\w+|"
+    r"catch\w*|warns?|complains?|flags?|validat\w+|ensur\w+|guarantee\w*)(?![a-z])"
+    r"|(?:没有任何|没有|没人|并没有|不会|没什么|从不|不)\s?[\u4e00-\u9fffa-z ]{0,6}?"
+    r"(?:发现|检查|检测|察觉|注意到|提醒|校验|验证|保证|确保)"
+)
 
 
 _CONDITION_BEFORE = re.compile(
@@ -1198,6 +1231,11 @@ def _own_agent(before: str) -> bool:
     )
 
 
+def _unchecked(clause: str, m: re.Match) -> bool:
+    u = _UNCHECKED.search(clause, 0, m.start() + 1)
+    return bool(u) and u.end() <= m.start() and not _AND.search(clause, u.end(), m.start())
+
+
 def _read_clause(
     norm: str,
     secret: dict,
@@ -1235,6 +1273,13 @@ def _read_clause(
                 trace.append(
                     f"[{norm}] {claim['id']}#{f_index + 1} {m.group(0)!r} names an API: read, "
                     "states nothing"
+                )
+                continue
+            if _unchecked(norm, m):
+                accounted = True
+                trace.append(
+                    f"[{norm}] {claim['id']}#{f_index + 1} {m.group(0)!r} what nothing checks: "
+                    "read, states nothing"
                 )
                 continue
             if _ROLE_BEFORE.search(norm[: m.start()]) or _ROLE_AFTER.match(norm, m.end()):
@@ -1340,6 +1385,10 @@ def _read_clause(
             continue
         if names_api(norm, m.start(), m.end()):
             trace.append(f"[{norm}] misconception {mis['id']} {m.group(0)!r} names an API: read")
+            accounted = True
+            continue
+        if _unchecked(norm, m):
+            trace.append(f"[{norm}] misconception {mis['id']} {m.group(0)!r} what nothing checks")
             accounted = True
             continue
         subject, anchor, _ = resolve_subject(mentions, m.start(), m.end(), inherited)
