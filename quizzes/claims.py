@@ -379,6 +379,9 @@ _LEAD = {"then", "so", "just", "and", "or", "first", "also", "always", "never", 
 _AFTER_LEAD_VERB = _OBJECT_START - {"to", "in", "on", "at", "from", "with", "for", "by", "over"}
 
 
+_DETERMINER = {"each", "every", "the", "a", "an", "this", "that", "its", "one"}
+
+
 def _leading_verb(words: list) -> bool:
     """An instruction or a note starts with a verb in its base form: 'Put the shard group inside a
     node', 'keep those inside a node', 'reshard after fwd', 'all-reduce the grads once'. A noun
@@ -432,11 +435,31 @@ def _is_verb_form(words: list, i: int) -> bool:
         # after a thing named in the singular, an -s form followed by an amount or by things is the
         # verb ('the copy costs 8P/N bytes', 'nothing big crosses nodes'); 'optimizer states' alone,
         # or before 'and', stays a noun phrase
-        return (
+        if (
             w.endswith("s")
             and (_singular_noun(prev) or _QUANTIFIER.intersection(words[max(0, i - 2) : i]))
             and (nxt[:1].isdigit() or _plural_noun(nxt))
+        ):
+            return True
+        # ... and after 'each / every / the' and a thing, before another thing: 'each worker
+        # finds RANK ... in its environment', 'every rank keeps its slice'
+        return (
+            w.endswith("s")
+            and i >= 2
+            and words[i - 2] in _DETERMINER
+            and _singular_noun(prev)
+            and bool(nxt)
+            and ("NOUN" in en_lemmas(nxt) or not en_lemmas(nxt))
+            and nxt not in ("and", "or")
         )
+    if (
+        w in ("reduce", "gather", "scatter")
+        and i >= 2
+        and prev in ("all", "reduce")
+        and _plural_noun(words[i - 2])
+        and nxt in _OBJECT_START
+    ):
+        return True  # 'the replicas all-reduce the full gradient': a collective as the verb
     if verb and i and _plural_noun(prev):
         # a base form after a plural noun: 'the all-gathers happen inside', 'gradients stay sharded'
         return "NOUN" not in lemmas or nxt in _OBJECT_START
@@ -1556,6 +1579,16 @@ _EXAMPLE = re.compile(
     r"^(?:for example|for instance|e g|example|numbers|举个例子|举例|比如|例如)(?![a-z])"
 )
 _AMOUNT = re.compile(r"\d(?:\.\d+)?\s?(?:gb|gib|mb|mib|tb|kb)(?![a-z])")
+# a definition of symbols states nothing of the subjects: "Let P = #params, N = ranks", "设 P =
+# 参数量，N = rank 数"
+_SYMBOL = r"[a-z][a-z0-9_]{0,3}\s?=\s?[^=,，、;；]{1,24}?"
+_DEFINITION = re.compile(
+    r"^(?:let|where|with|notation|设|令|记)\s?[:：]?\s?"
+    + _SYMBOL
+    + r"(?:\s?[,，、;；]\s?(?:and\s|和|)\s?"
+    + _SYMBOL
+    + r")*\s?[。.]?\s?$"
+)
 
 
 def _non_claims(parts: list) -> set:
@@ -1584,6 +1617,7 @@ def _non_claims(parts: list) -> set:
             or _PROBLEM.match(norm)
             or _EXAMPLE.match(norm)
             or len(_AMOUNT.findall(norm)) >= 1
+            or _DEFINITION.match(norm)
         ):
             out.add(s)
     return out

@@ -1983,3 +1983,31 @@ def test_what_nothing_checks_states_nothing(clause, phrase):
     for said in ("the shards come from the same init", "fsdp checks that x and the same init"):
         m = claims.compile_phrase("same init").search(said)
         assert not claims._unchecked(said, m)
+
+
+@pytest.mark.parametrize(
+    "clause, verb",
+    [
+        ("each worker finds rank, local rank and world size in its environment", True),
+        ("every rank keeps its own slice", True),
+        ("the replicas all reduce the full gradient", True),
+        ("the optimizer states and the grads", False),
+        ("optimizer states, gradient shards", False),
+        ("the gradient shards and params", False),
+    ],
+)
+def test_an_s_form_after_a_determiner_and_a_thing_is_the_verb(clause, verb):
+    assert claims.carries_verb(clause) is verb
+
+
+@pytest.mark.parametrize(
+    "text, unread",
+    [
+        ("Let P = #params, N = ranks.", {0}),
+        ("设 P = 参数量，N = rank 数。", {0}),
+        ("Let P = params, N = ranks, and FSDP keeps everything unsharded on each rank.", set()),
+        ("With N = 8, FSDP stores the full model on every rank.", set()),
+    ],
+)
+def test_a_definition_of_symbols_states_nothing(text, unread):
+    assert claims._non_claims(claims._sentence_parts(text)) == unread
