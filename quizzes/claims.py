@@ -379,6 +379,9 @@ _LEAD = {"then", "so", "just", "and", "or", "first", "also", "always", "never", 
 _AFTER_LEAD_VERB = _OBJECT_START - {"to", "in", "on", "at", "from", "with", "for", "by", "over"}
 
 
+_DETERMINER = {"each", "every", "the", "a", "an", "this", "that", "its", "one"}
+
+
 def _leading_verb(words: list) -> bool:
     """An instruction or a note starts with a verb in its base form: 'Put the shard group inside a
     node', 'keep those inside a node', 'reshard after fwd', 'all-reduce the grads once'. A noun
@@ -432,11 +435,31 @@ def _is_verb_form(words: list, i: int) -> bool:
         # after a thing named in the singular, an -s form followed by an amount or by things is the
         # verb ('the copy costs 8P/N bytes', 'nothing big crosses nodes'); 'optimizer states' alone,
         # or before 'and', stays a noun phrase
-        return (
+        if (
             w.endswith("s")
             and (_singular_noun(prev) or _QUANTIFIER.intersection(words[max(0, i - 2) : i]))
             and (nxt[:1].isdigit() or _plural_noun(nxt))
+        ):
+            return True
+        # ... and after 'each / every / the' and a thing, before another thing: 'each worker
+        # finds RANK ... in its environment', 'every rank keeps its slice'
+        return (
+            w.endswith("s")
+            and i >= 2
+            and words[i - 2] in _DETERMINER
+            and _singular_noun(prev)
+            and bool(nxt)
+            and ("NOUN" in en_lemmas(nxt) or not en_lemmas(nxt))
+            and nxt not in ("and", "or")
         )
+    if (
+        w in ("reduce", "gather", "scatter")
+        and i >= 2
+        and prev in ("all", "reduce")
+        and _plural_noun(words[i - 2])
+        and nxt in _OBJECT_START
+    ):
+        return True  # 'the replicas all-reduce the full gradient': a collective as the verb
     if verb and i and _plural_noun(prev):
         # a base form after a plural noun: 'the all-gathers happen inside', 'gradients stay sharded'
         return "NOUN" not in lemmas or nxt in _OBJECT_START
@@ -983,6 +1006,15 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
         # "It's not that DDP averages the weights", "Nor do you start the processes", "不是 DDP
         # 平均了权重": a denial before the subject denies the whole clause
         cues.append(whole_clause.start())
+    not_until = _NOT_UNTIL.search(clause, 0, match.start())
+    if not_until and not_until.start() >= max(anchor, 0) and not _AND.search(
+        clause, not_until.end(), match.start()
+    ):
+        cues.append(not_until.start())
+    # "都不会让梯度处于未分片状态": a denial of 未分片 (unsharded) says it is sharded; the
+    # literal 分片 read inside it is denied again by its 未
+    if cues:
+        cues += [a for a, _ in literal if _UN_BEFORE.search(clause, max(0, a - 2), a)]
     after = _NEG_AFTER.match(clause, match.end())
     before_subject = [
         w
@@ -1009,7 +1041,20 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
     return (len(cues) + bool(after) + undone) % 2 == 0
 
 
-_MORE_THAN = re.compile(r"(?<![a-z])(?:more|bigger|larger|higher) than(?![a-z])|超过")
+_MORE_THAN = re.compile(
+    r"(?<![a-z])(?:(?:more|bigger|larger|higher) than|exceed\w*|go(?:es)? (?:over|beyond))(?![a-z])"
+    r"|超过|超出|多于|高于"
+)
+
+# "直到反向才释放", "留到 backward 用完才释放", "一直到反向算完再释放": what happens only once the
+# time is reached does not happen before it (it is kept until then). Read when the time stands
+# before the phrasing; a phrasing that names the time itself ("反向时再 all-gather") takes it.
+_NOT_UNTIL = re.compile(
+    r"(?:直到|等到|留到|一直到)[^,，]{1,14}?(?:才|再)\s?(?:得以|会|能|)\s?$"
+)
+
+# the unsharded form of the word a phrasing names: '未分片' is 'not sharded'
+_UN_BEFORE = re.compile(r"未\s?$")
 
 
 # a denial of the whole clause, before its subject
@@ -1038,6 +1083,17 @@ _ROLE_BEFORE = re.compile(
     r"function\w* as|work\w* as) (?:the |a |an |their |its |)$|(?:充当|当作|起到?了?|扮演)\s?$"
 )
 _ROLE_AFTER = re.compile(r"\s?(?:的|)\s?(?:作用|角色)")
+
+# what nothing checks is neither asserted nor denied: "Nothing checks that the shards come from the
+# same init", "没有任何检查会发现分片来自不同 init", "FSDP doesn't verify that ...". The
+# complement of a denied verb of checking states nothing; the clause is read.
+_UNCHECKED = re.compile(
+    r"(?<![a-z])(?:nothing|no one|nobody|none of \w+|no \w+|(?:does|do|did|will|would|can)\s?"
+    r"(?:not|n't)|never|won't|can't)\s(?:\w+\s){0,2}?(?:checks?|detects?|notices?|verif\w+|"
+    r"catch\w*|warns?|complains?|flags?|validat\w+|ensur\w+|guarantee\w*)(?![a-z])"
+    r"|(?:没有任何|没有|没人|并没有|不会|没什么|从不|不)\s?[\u4e00-\u9fffa-z ]{0,6}?"
+    r"(?:发现|检查|检测|察觉|注意到|提醒|校验|验证|保证|确保)"
+)
 
 
 _CONDITION_BEFORE = re.compile(
@@ -1198,6 +1254,11 @@ def _own_agent(before: str) -> bool:
     )
 
 
+def _unchecked(clause: str, m: re.Match) -> bool:
+    u = _UNCHECKED.search(clause, 0, m.start() + 1)
+    return bool(u) and u.end() <= m.start() and not _AND.search(clause, u.end(), m.start())
+
+
 def _read_clause(
     norm: str,
     secret: dict,
@@ -1235,6 +1296,13 @@ def _read_clause(
                 trace.append(
                     f"[{norm}] {claim['id']}#{f_index + 1} {m.group(0)!r} names an API: read, "
                     "states nothing"
+                )
+                continue
+            if _unchecked(norm, m):
+                accounted = True
+                trace.append(
+                    f"[{norm}] {claim['id']}#{f_index + 1} {m.group(0)!r} what nothing checks: "
+                    "read, states nothing"
                 )
                 continue
             if _ROLE_BEFORE.search(norm[: m.start()]) or _ROLE_AFTER.match(norm, m.end()):
@@ -1340,6 +1408,10 @@ def _read_clause(
             continue
         if names_api(norm, m.start(), m.end()):
             trace.append(f"[{norm}] misconception {mis['id']} {m.group(0)!r} names an API: read")
+            accounted = True
+            continue
+        if _unchecked(norm, m):
+            trace.append(f"[{norm}] misconception {mis['id']} {m.group(0)!r} what nothing checks")
             accounted = True
             continue
         subject, anchor, _ = resolve_subject(mentions, m.start(), m.end(), inherited)
@@ -1507,6 +1579,16 @@ _EXAMPLE = re.compile(
     r"^(?:for example|for instance|e g|example|numbers|举个例子|举例|比如|例如)(?![a-z])"
 )
 _AMOUNT = re.compile(r"\d(?:\.\d+)?\s?(?:gb|gib|mb|mib|tb|kb)(?![a-z])")
+# a definition of symbols states nothing of the subjects: "Let P = #params, N = ranks", "设 P =
+# 参数量，N = rank 数"
+_SYMBOL = r"[a-z][a-z0-9_]{0,3}\s?=\s?[^=,，、;；]{1,24}?"
+_DEFINITION = re.compile(
+    r"^(?:let|where|with|notation|设|令|记)\s?[:：]?\s?"
+    + _SYMBOL
+    + r"(?:\s?[,，、;；]\s?(?:and\s|和|)\s?"
+    + _SYMBOL
+    + r")*\s?[。.]?\s?$"
+)
 
 
 def _non_claims(parts: list) -> set:
@@ -1535,6 +1617,7 @@ def _non_claims(parts: list) -> set:
             or _PROBLEM.match(norm)
             or _EXAMPLE.match(norm)
             or len(_AMOUNT.findall(norm)) >= 1
+            or _DEFINITION.match(norm)
         ):
             out.add(s)
     return out

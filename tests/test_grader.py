@@ -1931,3 +1931,83 @@ def test_an_analogy_announced_as_a_heading_runs_to_a_blank_line():
         "\n\n后者显存更多。"
     )
     assert claims._non_claims(parts) == {1, 2, 3}
+
+
+@pytest.mark.parametrize(
+    "clause, phrase",
+    [
+        ("the unsharded peak does not exceed roughly one block", "peak ... one block"),
+        ("no rank ever goes beyond one block", "rank ... one block"),
+        ("峰值不会超出一个 block", "峰值 ... 一个 block"),
+    ],
+)
+def test_a_denied_exceed_is_at_most(clause, phrase):
+    m = claims.compile_phrase(phrase).search(clause)
+    assert claims._polarity(clause, m, 0)
+
+
+@pytest.mark.parametrize(
+    "clause",
+    ["这部分显存直到反向才得以释放", "留到 backward 用完才释放", "一直到反向算完再释放"],
+)
+def test_kept_until_a_time_denies_the_release_before_it(clause):
+    m = claims.compile_phrase("释放").search(clause)
+    assert not claims._polarity(clause, m, 0)
+    # the time named inside the phrasing is the phrasing's own: 反向时再 all-gather
+    clause = "等到反向时再 all gather 一次"
+    m = claims.compile_phrase("反向 ... all gather").search(clause)
+    assert claims._polarity(clause, m, 0)
+
+
+def test_a_denied_unsharded_state_is_sharded():
+    clause = "两种策略都不会让梯度或优化器状态处于未分片状态"
+    m = claims.compile_phrase("都 ... 梯度 ... 分片").search(clause)
+    assert claims._polarity(clause, m, 0)
+    # 未分片 alone is an adjective: the phrasing that reads it decides
+    clause = "前向到反向之间要放下整份未分片参数"
+    m = claims.compile_phrase("放下 ... 分片").search(clause)
+    assert claims._polarity(clause, m, 0)
+
+
+@pytest.mark.parametrize(
+    "clause, phrase",
+    [
+        ("nothing checks that the shards come from the same init", "same init"),
+        ("fsdp does not verify that every rank has the same weights", "same weights"),
+        ("没有任何检查会发现分片来自不同 init", "分片来自不同"),
+    ],
+)
+def test_what_nothing_checks_states_nothing(clause, phrase):
+    m = claims.compile_phrase(phrase).search(clause)
+    assert claims._unchecked(clause, m)
+    for said in ("the shards come from the same init", "fsdp checks that x and the same init"):
+        m = claims.compile_phrase("same init").search(said)
+        assert not claims._unchecked(said, m)
+
+
+@pytest.mark.parametrize(
+    "clause, verb",
+    [
+        ("each worker finds rank, local rank and world size in its environment", True),
+        ("every rank keeps its own slice", True),
+        ("the replicas all reduce the full gradient", True),
+        ("the optimizer states and the grads", False),
+        ("optimizer states, gradient shards", False),
+        ("the gradient shards and params", False),
+    ],
+)
+def test_an_s_form_after_a_determiner_and_a_thing_is_the_verb(clause, verb):
+    assert claims.carries_verb(clause) is verb
+
+
+@pytest.mark.parametrize(
+    "text, unread",
+    [
+        ("Let P = #params, N = ranks.", {0}),
+        ("设 P = 参数量，N = rank 数。", {0}),
+        ("Let P = params, N = ranks, and FSDP keeps everything unsharded on each rank.", set()),
+        ("With N = 8, FSDP stores the full model on every rank.", set()),
+    ],
+)
+def test_a_definition_of_symbols_states_nothing(text, unread):
+    assert claims._non_claims(claims._sentence_parts(text)) == unread
