@@ -142,7 +142,7 @@ PSEUDO_HELDOUT_BOUNDS = {
         n=216, wrong_correct=0, correct_wrong=0, right_missed=3, wrong_wrong=134
     ),
     "heldout round 2": dict(
-        n=240, wrong_correct=0, correct_wrong=0, right_missed=5, wrong_wrong=136
+        n=240, wrong_correct=0, correct_wrong=0, right_missed=4, wrong_wrong=136
     ),
     "heldout round 3": dict(
         n=240, wrong_correct=0, correct_wrong=0, right_missed=3, wrong_wrong=140
@@ -163,7 +163,7 @@ PSEUDO_HELDOUT_BOUNDS = {
         n=240, wrong_correct=0, correct_wrong=0, right_missed=1, wrong_wrong=140
     ),
     "training round 10": dict(
-        n=240, wrong_correct=0, correct_wrong=0, right_missed=2, wrong_wrong=138
+        n=240, wrong_correct=0, correct_wrong=0, right_missed=2, wrong_wrong=139
     ),
     "training round 11": dict(
         n=240, wrong_correct=0, correct_wrong=0, right_missed=1, wrong_wrong=138
@@ -172,34 +172,34 @@ PSEUDO_HELDOUT_BOUNDS = {
         n=240, wrong_correct=0, correct_wrong=0, right_missed=5, wrong_wrong=135
     ),
     "heldout round 6": dict(
-        n=240, wrong_correct=0, correct_wrong=0, right_missed=4, wrong_wrong=132
+        n=240, wrong_correct=0, correct_wrong=0, right_missed=4, wrong_wrong=131
     ),
     "training round 16": dict(
-        n=240, wrong_correct=0, correct_wrong=0, right_missed=6, wrong_wrong=135
+        n=240, wrong_correct=0, correct_wrong=0, right_missed=5, wrong_wrong=135
     ),
     "training round 17": dict(
         n=237, wrong_correct=0, correct_wrong=0, right_missed=1, wrong_wrong=128
     ),
     "training round 18": dict(
-        n=238, wrong_correct=0, correct_wrong=0, right_missed=12, wrong_wrong=133
+        n=238, wrong_correct=0, correct_wrong=0, right_missed=13, wrong_wrong=133
     ),
     "training round 19": dict(
         n=236, wrong_correct=0, correct_wrong=0, right_missed=1, wrong_wrong=130
     ),
     "training round 20": dict(
-        n=237, wrong_correct=0, correct_wrong=0, right_missed=34, wrong_wrong=121
+        n=237, wrong_correct=0, correct_wrong=0, right_missed=10, wrong_wrong=132
     ),
     "training round 21": dict(
-        n=237, wrong_correct=0, correct_wrong=0, right_missed=29, wrong_wrong=129
+        n=237, wrong_correct=0, correct_wrong=0, right_missed=7, wrong_wrong=134
     ),
     "training round 22": dict(
-        n=236, wrong_correct=0, correct_wrong=0, right_missed=23, wrong_wrong=126
+        n=236, wrong_correct=0, correct_wrong=0, right_missed=9, wrong_wrong=130
     ),
     "training round 23": dict(
-        n=237, wrong_correct=0, correct_wrong=0, right_missed=30, wrong_wrong=129
+        n=237, wrong_correct=0, correct_wrong=0, right_missed=5, wrong_wrong=132
     ),
     "training round 24": dict(
-        n=240, wrong_correct=0, correct_wrong=0, right_missed=35, wrong_wrong=127
+        n=240, wrong_correct=0, correct_wrong=0, right_missed=10, wrong_wrong=133
     ),
 }
 
