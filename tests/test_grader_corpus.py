@@ -120,7 +120,7 @@ def test_corpus_label(lesson, qid, item):
 
 @lru_cache(maxsize=1)
 def graded_corpus() -> tuple:
-    """Every labelled answer graded once (3,000 answers: the matrix tests share one grading)."""
+    """Every labelled answer graded once (5,600 answers: the matrix tests share one grading)."""
     return tuple(corpus.grade_corpus([CORPUS_DIR]))
 
 
