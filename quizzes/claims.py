@@ -1634,6 +1634,15 @@ _REPORTED = re.compile(
     r"|常见的?(?:误解|误区|错误)"
 )
 _IF_CLAUSE = re.compile(r"^(?:if|如果|要是|假如|若)(?![a-z])")
+# a condition and nothing else: "when activations are not most of the memory", "if the per-rank
+# batch is not small", "每卡 batch 不小的话", "激活不占大头时"; a longer English one, or a Chinese one
+# with 就/才/时 inside, may hold its own consequence ("if one of them crashes torchrun does nothing
+# about it", "当 batch 很大时才需要同步")
+_CONDITION_ONLY = re.compile(
+    r"^(?:and |but |so |)(?:if|when|whenever|unless|only if)\s(?:[a-z0-9_']+\s){1,6}[a-z0-9_']+$"
+    r"|^(?:但|而|)(?:如果|要是|假如|若|当|只要|一旦)[^就才则时会]*$"
+    r"|(?:的话|的时候|(?<![同有及实暂此这那随准按平当临])时)$"
+)
 _ROOT = re.compile(
     r"^(?:(?:because|since|as|but|and|so|因为|但|而|)\s?)(?:the\s)?(?:root|根单元|根模块|根)(?![a-z])"
 )
@@ -1824,6 +1833,13 @@ def read_answer(text: str, secret: dict) -> Reading:
             events = [e for e in events if e[0] != "wrong"]
             accounted = bool(events)
             apply(events, f"{before.text} … {c.text}")
+        elif _CONDITION_ONLY.search(c.norm) and (
+            i + 1 < len(all_clauses) and all_clauses[i + 1].sentence == c.sentence
+        ):
+            # "When activations are not most of the memory, checkpointing does not help much",
+            # "每卡 batch 不小的话，一般不用管": a condition supposes what it says, and the clause
+            # after it says what follows: read, nothing in it is false on its own
+            apply([e for e in events if e[0] != "wrong"], c.text)
         elif c.sentence in otherwise or cf or c.sentence in remedies:
             # a sentence of remedies says what to do ("or sync_module_states=True in classic
             # FSDP", "换个 world size 也能加载" after "正确做法是用 DCP"), not what the subjects do

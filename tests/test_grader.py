@@ -2011,3 +2011,27 @@ def test_an_s_form_after_a_determiner_and_a_thing_is_the_verb(clause, verb):
 )
 def test_a_definition_of_symbols_states_nothing(text, unread):
     assert claims._non_claims(claims._sentence_parts(text)) == unread
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "When there is no difference in memory, the former frees the parameters.",
+        "If the latter frees the parameters, the former frees them too.",
+        "两者没有区别的话，前者释放参数。",
+        "后者释放参数时，前者也释放参数。",
+    ],
+)
+def test_a_condition_before_its_consequence_supposes_nothing_false(text):
+    # a condition (if/when/…的话/…时) split from its consequence by a comma supposes what it
+    # says: no misconception from it alone; the consequence is read as a statement
+    r = read(text)
+    assert not r.misconceptions, r.trace
+    assert "frees" in r.supported
+
+
+def test_a_false_consequence_after_a_condition_is_still_wrong():
+    r = read("When memory is tight, shard grad op frees the parameters.")
+    assert r.misconceptions and r.misconceptions[0][0] == "frees"
+    r = read("内存紧张的时候，两者没有区别。")
+    assert r.misconceptions and r.misconceptions[0][0] == "same"
