@@ -1007,8 +1007,10 @@ def _polarity(clause: str, match: re.Match, anchor: int) -> bool:
         # 平均了权重": a denial before the subject denies the whole clause
         cues.append(whole_clause.start())
     not_until = _NOT_UNTIL.search(clause, 0, match.start())
-    if not_until and not_until.start() >= max(anchor, 0) and not _AND.search(
-        clause, not_until.end(), match.start()
+    if (
+        not_until
+        and not_until.start() >= max(anchor, 0)
+        and not _AND.search(clause, not_until.end(), match.start())
     ):
         cues.append(not_until.start())
     # "都不会让梯度处于未分片状态": a denial of 未分片 (unsharded) says it is sharded; the
@@ -1049,9 +1051,7 @@ _MORE_THAN = re.compile(
 # "直到反向才释放", "留到 backward 用完才释放", "一直到反向算完再释放": what happens only once the
 # time is reached does not happen before it (it is kept until then). Read when the time stands
 # before the phrasing; a phrasing that names the time itself ("反向时再 all-gather") takes it.
-_NOT_UNTIL = re.compile(
-    r"(?:直到|等到|留到|一直到)[^,，]{1,14}?(?:才|再)\s?(?:得以|会|能|)\s?$"
-)
+_NOT_UNTIL = re.compile(r"(?:直到|等到|留到|一直到)[^,，]{1,14}?(?:才|再)\s?(?:得以|会|能|)\s?$")
 
 # the unsharded form of the word a phrasing names: '未分片' is 'not sharded'
 _UN_BEFORE = re.compile(r"未\s?$")
@@ -1635,9 +1635,9 @@ _REPORTED = re.compile(
 )
 _IF_CLAUSE = re.compile(r"^(?:if|如果|要是|假如|若)(?![a-z])")
 # a condition and nothing else: "when activations are not most of the memory", "if the per-rank
-# batch is not small", "每卡 batch 不小的话", "激活不占大头时"; a longer English one, or a Chinese one
-# with 就/才/时 inside, may hold its own consequence ("if one of them crashes torchrun does nothing
-# about it", "当 batch 很大时才需要同步")
+# batch is not small", "每卡 batch 不小的话", "激活不占大头时"; a longer English one, or a Chinese
+# one with 就/才/时 inside, may hold its own consequence ("if one of them crashes torchrun does
+# nothing about it", "当 batch 很大时才需要同步")
 _CONDITION_ONLY = re.compile(
     r"^(?:and |but |so |)(?:if|when|whenever|unless|only if)\s(?:[a-z0-9_']+\s){1,6}[a-z0-9_']+$"
     r"|^(?:但|而|)(?:如果|要是|假如|若|当|只要|一旦)[^就才则时会]*$"
