@@ -1616,7 +1616,7 @@ def _non_claims(parts: list) -> set:
             or (_META.match(norm) and word_count(norm) <= 16)
             or _PROBLEM.match(norm)
             or _EXAMPLE.match(norm)
-            or len(_AMOUNT.findall(norm)) >= 1
+            or _AMOUNT.search(norm)
             or _DEFINITION.match(norm)
         ):
             out.add(s)
@@ -1749,6 +1749,8 @@ def read_answer(text: str, secret: dict) -> Reading:
                 inherited_here=inherited_sentence == c.sentence,
             )
         prev = all_clauses[i - 1] if i else None
+        # a clause of the same sentence after this one: what a condition here leads to
+        consequence_follows = i + 1 < len(all_clauses) and all_clauses[i + 1].sentence == c.sentence
         relative = c.opener in ("which", "who")
         # "LOCAL_RANK, its global index over the whole job, ...", "RANK (the index on this
         # node)": a noun phrase right after a name, between commas or in brackets, says what
@@ -1833,9 +1835,7 @@ def read_answer(text: str, secret: dict) -> Reading:
             events = [e for e in events if e[0] != "wrong"]
             accounted = bool(events)
             apply(events, f"{before.text} … {c.text}")
-        elif _CONDITION_ONLY.search(c.norm) and (
-            i + 1 < len(all_clauses) and all_clauses[i + 1].sentence == c.sentence
-        ):
+        elif _CONDITION_ONLY.search(c.norm) and consequence_follows:
             # "When activations are not most of the memory, checkpointing does not help much",
             # "每卡 batch 不小的话，一般不用管": a condition supposes what it says, and the clause
             # after it says what follows: read, nothing in it is false on its own
@@ -1846,11 +1846,7 @@ def read_answer(text: str, secret: dict) -> Reading:
             # by default: what it states is credited, a form read the other way round is no
             # misconception; a misconception entry is false whatever the sentence is about
             apply([e for e in events if e[0] != "wrong" or e[1][1] == -1], c.text)
-        elif (
-            _IF_CLAUSE.match(c.norm)
-            and i + 1 < len(all_clauses)
-            and all_clauses[i + 1].sentence == c.sentence
-        ):
+        elif _IF_CLAUSE.match(c.norm) and consequence_follows:
             # "if only rank 0 calls it, it hangs": a condition supposes what a misconception entry
             # says, and the clause after it says what follows; only a form is read
             apply([e for e in events if e[0] != "wrong" or e[1][1] != -1], c.text)
